@@ -1,0 +1,91 @@
+"""The GPU catalogue: peak dense tensor throughput, memory and bandwidth.
+
+Figures are vendor datasheet peaks for dense (not 2:4 sparse) bf16/fp16
+tensor math with fp32 accumulation, which is what mixed-precision training
+runs. Analytic profiles scale them by an efficiency factor; measured profiles
+replace them altogether. Keys are ``MODEL-MEMORY`` as people say them
+(``H100-80GB``) and are matched case-insensitively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuSpec:
+    key: str
+    """Catalogue key, ``MODEL-MEMORY``."""
+    name: str
+    """Marketing name."""
+    peak_tflops: float
+    """Peak dense bf16/fp16 tensor TFLOP/s (fp32 accumulate)."""
+    memory_gb: float
+    """Device memory in GiB, as sold."""
+    bandwidth_gbps: float
+    """Memory bandwidth in GB/s."""
+    source: str
+    """Where the figures come from."""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * GIB)
+
+
+_GPUS = [
+    GpuSpec(key="H200-141GB", name="NVIDIA H200 SXM", peak_tflops=989.0, memory_gb=141,
+            bandwidth_gbps=4800, source="NVIDIA H200 datasheet (2024)"),
+    GpuSpec(key="H100-80GB", name="NVIDIA H100 SXM5", peak_tflops=989.0, memory_gb=80,
+            bandwidth_gbps=3350, source="NVIDIA H100 datasheet, SXM column (2023)"),
+    GpuSpec(key="H100PCIE-80GB", name="NVIDIA H100 PCIe", peak_tflops=756.0, memory_gb=80,
+            bandwidth_gbps=2000, source="NVIDIA H100 datasheet, PCIe column (2023)"),
+    GpuSpec(key="A100-80GB", name="NVIDIA A100 SXM4 80GB", peak_tflops=312.0, memory_gb=80,
+            bandwidth_gbps=2039, source="NVIDIA A100 datasheet (2021)"),
+    GpuSpec(key="A100-40GB", name="NVIDIA A100 SXM4 40GB", peak_tflops=312.0, memory_gb=40,
+            bandwidth_gbps=1555, source="NVIDIA A100 datasheet (2021)"),
+    GpuSpec(key="L40S-48GB", name="NVIDIA L40S", peak_tflops=362.0, memory_gb=48,
+            bandwidth_gbps=864, source="NVIDIA L40S datasheet (2023)"),
+    GpuSpec(key="A10G-24GB", name="NVIDIA A10G (AWS G5)", peak_tflops=70.0, memory_gb=24,
+            bandwidth_gbps=600,
+            source="AWS G5 figures; NVIDIA publishes no A10G datasheet (the A10's gives 125)"),
+    GpuSpec(key="A10-24GB", name="NVIDIA A10", peak_tflops=125.0, memory_gb=24,
+            bandwidth_gbps=600, source="NVIDIA A10 datasheet (2021)"),
+    GpuSpec(key="L4-24GB", name="NVIDIA L4", peak_tflops=121.0, memory_gb=24,
+            bandwidth_gbps=300, source="NVIDIA L4 datasheet (2023)"),
+    GpuSpec(key="V100-32GB", name="NVIDIA V100 SXM2 32GB", peak_tflops=125.0, memory_gb=32,
+            bandwidth_gbps=900, source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)"),
+    GpuSpec(key="V100-16GB", name="NVIDIA V100 SXM2 16GB", peak_tflops=125.0, memory_gb=16,
+            bandwidth_gbps=900, source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)"),
+    GpuSpec(key="T4-16GB", name="NVIDIA T4", peak_tflops=65.0, memory_gb=16,
+            bandwidth_gbps=320, source="NVIDIA T4 datasheet, fp16 only (2019)"),
+    GpuSpec(key="RTX4090-24GB", name="NVIDIA GeForce RTX 4090", peak_tflops=165.2, memory_gb=24,
+            bandwidth_gbps=1008,
+            source="NVIDIA Ada Lovelace whitepaper, fp16 tensor with fp32 accumulate (2022)"),
+    GpuSpec(key="RTX3090-24GB", name="NVIDIA GeForce RTX 3090", peak_tflops=71.0, memory_gb=24,
+            bandwidth_gbps=936,
+            source="NVIDIA Ampere GA102 whitepaper, fp16 tensor with fp32 accumulate (2020)"),
+    GpuSpec(key="MI300X-192GB", name="AMD Instinct MI300X", peak_tflops=1307.4, memory_gb=192,
+            bandwidth_gbps=5300, source="AMD Instinct MI300X datasheet (2023)"),
+    GpuSpec(key="MI250X-128GB", name="AMD Instinct MI250X", peak_tflops=383.0, memory_gb=128,
+            bandwidth_gbps=3277, source="AMD Instinct MI250X datasheet (2021)"),
+]
+
+CATALOGUE: dict[str, GpuSpec] = {gpu.key: gpu for gpu in _GPUS}
+
+
+def known_types() -> list[str]:
+    return list(CATALOGUE)
+
+
+def lookup(gpu_type: str) -> GpuSpec:
+    """Return the catalogue entry for ``gpu_type``, matched case-insensitively.
+
+    >>> lookup("a100-40gb").peak_tflops
+    312.0
+    """
+    for key, gpu in CATALOGUE.items():
+        if key.lower() == gpu_type.strip().lower():
+            return gpu
+    raise KeyError(gpu_type)

@@ -1,0 +1,246 @@
+"""Cluster specs: the YAML document that says which GPUs a cluster has.
+
+Format (DESIGN.md, "Cluster spec")::
+
+    name: mixed-lab
+    nodes:
+      - name: node-a
+        devices:
+          - type: A100-80GB      # a catalogue key, any case
+            count: 2
+            memory_gb: 75        # optional override of the catalogue
+    links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
+    simulation: {memory_scale: 0.001}                      # optional
+
+Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
+Every error names the offending field (``nodes[1].devices[0].type``) and what
+is allowed; nothing here raises anything but :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler.catalogue import GIB, known_types, lookup
+from scheduler.errors import SpecError
+
+DEFAULT_INTRA_NODE_GBPS = 600.0
+DEFAULT_INTER_NODE_GBPS = 100.0
+DEFAULT_MEMORY_SCALE = 0.001
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Device:
+    id: str
+    """``NODE/INDEX``."""
+    node: str
+    index: int
+    """Position among the node's devices."""
+    type: str
+    """Canonical catalogue key."""
+    memory_gb: float
+    peak_tflops: float
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * GIB)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Links:
+    intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
+    """Bandwidth between devices of one node, in Gbit/s."""
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
+    """Bandwidth between nodes, in Gbit/s."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Simulation:
+    memory_scale: float = DEFAULT_MEMORY_SCALE
+    """Simulated capacity = memory_gb × memory_scale (GPU-sized memory on a laptop)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    name: str
+    devices: tuple[Device, ...]
+    links: Links = field(default_factory=Links)
+    simulation: Simulation = field(default_factory=Simulation)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(dict.fromkeys(d.node for d in self.devices))
+
+    def device(self, device_id: str) -> Device:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.devices]
+
+    def subset(self, device_ids: list[str]) -> Cluster:
+        """The same cluster restricted to ``device_ids`` (ids keep their names)."""
+        wanted = set(device_ids)
+        for device_id in device_ids:
+            self.device(device_id)
+        return Cluster(
+            name=self.name,
+            devices=tuple(d for d in self.devices if d.id in wanted),
+            links=self.links,
+            simulation=self.simulation,
+        )
+
+
+def _check_keys(where: str, data: dict[str, Any], allowed: set[str]) -> None:
+    for key in data:
+        if key not in allowed:
+            listed = ", ".join(sorted(allowed))
+            raise SpecError(f"{where}{key}: unknown key; allowed: {listed}")
+
+
+def _number(where: str, value: Any, *, minimum: float, integer: bool = False) -> float:
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    if value < minimum or value != value:
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _mapping(where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def parse_cluster(data: Any) -> Cluster:
+    """Validate a parsed YAML document and build the cluster it describes."""
+    top = _mapping("cluster", data)
+    _check_keys("", top, {"name", "nodes", "links", "simulation"})
+    name = top.get("name", "cluster")
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(f"name: must be a non-empty string, got {name!r}")
+    nodes = top.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise SpecError("nodes: must be a non-empty list of nodes")
+
+    devices: list[Device] = []
+    seen_nodes: set[str] = set()
+    for i, raw_node in enumerate(nodes):
+        node = _mapping(f"nodes[{i}]", raw_node)
+        _check_keys(f"nodes[{i}].", node, {"name", "devices"})
+        node_name = node.get("name")
+        if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
+            raise SpecError(f"nodes[{i}].name: must be a non-empty string without '/'")
+        if node_name in seen_nodes:
+            raise SpecError(f"nodes[{i}].name: duplicate node name {node_name!r}")
+        seen_nodes.add(node_name)
+        entries = node.get("devices")
+        if not isinstance(entries, list) or not entries:
+            raise SpecError(f"nodes[{i}].devices: must be a non-empty list")
+        index = 0
+        for j, raw_entry in enumerate(entries):
+            where = f"nodes[{i}].devices[{j}]"
+            entry = _mapping(where, raw_entry)
+            _check_keys(f"{where}.", entry, {"type", "count", "memory_gb", "tflops"})
+            gpu_type = entry.get("type")
+            if not isinstance(gpu_type, str):
+                raise SpecError(f"{where}.type: required; known: {', '.join(known_types())}")
+            try:
+                gpu = lookup(gpu_type)
+            except KeyError:
+                raise SpecError(
+                    f"{where}.type: unknown GPU type {gpu_type!r}; known: {', '.join(known_types())}"
+                ) from None
+            count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
+            memory_gb = gpu.memory_gb
+            if "memory_gb" in entry:
+                memory_gb = _number(f"{where}.memory_gb", entry["memory_gb"], minimum=0.001)
+            tflops = gpu.peak_tflops
+            if "tflops" in entry:
+                tflops = _number(f"{where}.tflops", entry["tflops"], minimum=0.001)
+            for _ in range(count):
+                devices.append(
+                    Device(
+                        id=f"{node_name}/{index}",
+                        node=node_name,
+                        index=index,
+                        type=gpu.key,
+                        memory_gb=memory_gb,
+                        peak_tflops=tflops,
+                    )
+                )
+                index += 1
+
+    links = Links()
+    if "links" in top:
+        raw = _mapping("links", top["links"])
+        _check_keys("links.", raw, {"intra_node_gbps", "inter_node_gbps"})
+        links = Links(
+            intra_node_gbps=_number(
+                "links.intra_node_gbps", raw.get("intra_node_gbps", links.intra_node_gbps),
+                minimum=0.001,
+            ),
+            inter_node_gbps=_number(
+                "links.inter_node_gbps", raw.get("inter_node_gbps", links.inter_node_gbps),
+                minimum=0.001,
+            ),
+        )
+    simulation = Simulation()
+    if "simulation" in top:
+        raw = _mapping("simulation", top["simulation"])
+        _check_keys("simulation.", raw, {"memory_scale"})
+        simulation = Simulation(
+            memory_scale=_number(
+                "simulation.memory_scale", raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
+                minimum=1e-9,
+            )
+        )
+    return Cluster(name=name, devices=tuple(devices), links=links, simulation=simulation)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cluster: cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"cluster: {path} is not valid YAML{where}") from exc
+    return parse_cluster(data)
+
+
+def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
+    """The YAML document for ``cluster`` (one device entry per device)."""
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for d in cluster.devices:
+        gpu = lookup(d.type)
+        entry: dict[str, Any] = {"type": d.type, "count": 1}
+        if d.memory_gb != gpu.memory_gb:
+            entry["memory_gb"] = d.memory_gb
+        if d.peak_tflops != gpu.peak_tflops:
+            entry["tflops"] = d.peak_tflops
+        nodes.setdefault(d.node, []).append(entry)
+    return {
+        "name": cluster.name,
+        "nodes": [{"name": n, "devices": devs} for n, devs in nodes.items()],
+        "links": cluster.links.to_dict(),
+        "simulation": {"memory_scale": cluster.simulation.memory_scale},
+    }

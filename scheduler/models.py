@@ -1,0 +1,177 @@
+"""Model presets and their analytic sizes.
+
+Shapes follow the published configurations: GPT-2 (Radford et al., 2019;
+sizes from the released checkpoints) and Llama 2 (Touvron et al., 2023).
+FLOPs per sample follow Narayanan et al., "Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM" (2021): forward costs two
+FLOPs per weight per token plus ``4·s²·h`` per layer for attention scores, and
+backward twice the forward. Activation memory per layer follows Korthikanti
+et al., "Reducing Activation Recomputation in Large Transformer Models"
+(2022), eq. 1 with ``t = 1``: ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit
+precision. Model states under AdamW mixed precision take 16 bytes per
+parameter (Rajbhandari et al., ZeRO, 2020: fp16 weights and gradients, fp32
+master weights, momentum and variance).
+
+Legend: ``s`` sequence length, ``h`` d_model, ``a`` heads, ``L`` layers,
+``V`` vocabulary, ``f`` MLP hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from scheduler.errors import HetschedError
+
+Family = Literal["gpt", "llama"]
+
+MIXED_PRECISION_STATE_BYTES_PER_PARAM = 16
+GRADIENT_BYTES_PER_PARAM = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelPreset:
+    name: str
+    family: Family
+    """``gpt``: LayerNorm, GELU MLP, biases, learned positions, tied head.
+    ``llama``: RMSNorm, SwiGLU MLP, no biases, rotary positions, untied head."""
+    num_layers: int
+    d_model: int
+    num_heads: int
+    d_ff: int
+    """MLP hidden size."""
+    vocab_size: int
+    seq_len: int
+    """Training context length (tokens per sample)."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_layers", "d_model", "num_heads", "d_ff", "vocab_size", "seq_len"):
+            value = getattr(self, field_name)
+            if value < 1:
+                raise HetschedError(f"model.{field_name}: must be >= 1, got {value}")
+        if self.d_model % self.num_heads:
+            raise HetschedError(
+                f"model.d_model: {self.d_model} must be divisible by num_heads {self.num_heads}"
+            )
+
+    # --- parameters -------------------------------------------------------
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one transformer block."""
+        h, f = self.d_model, self.d_ff
+        if self.family == "gpt":
+            attn = 4 * h * h + 4 * h  # qkv and out projections, with biases
+            mlp = 2 * h * f + f + h
+            norms = 2 * 2 * h  # two LayerNorms, weight and bias
+        else:
+            attn = 4 * h * h
+            mlp = 3 * h * f  # gate, up, down
+            norms = 2 * h  # two RMSNorms, weight only
+        return attn + mlp + norms
+
+    @property
+    def embed_params(self) -> int:
+        """Token (and, for GPT, position) embeddings."""
+        positions = self.seq_len * self.d_model if self.family == "gpt" else 0
+        return self.vocab_size * self.d_model + positions
+
+    @property
+    def head_params(self) -> int:
+        """Final norm and, when untied, the output projection."""
+        h = self.d_model
+        if self.family == "gpt":
+            return 2 * h  # final LayerNorm; the head shares the token embedding
+        return h + self.vocab_size * h
+
+    @property
+    def num_params(self) -> int:
+        return self.embed_params + self.num_layers * self.block_params + self.head_params
+
+    # --- compute ----------------------------------------------------------
+
+    @property
+    def block_flops_per_sample(self) -> float:
+        """Forward + backward FLOPs of one block for one sample."""
+        s, h = self.seq_len, self.d_model
+        matmul_weights = self.block_params - (4 * h if self.family == "gpt" else 2 * h)
+        forward = 2 * s * matmul_weights + 4 * s * s * h
+        return 3.0 * forward
+
+    @property
+    def head_flops_per_sample(self) -> float:
+        """Forward + backward FLOPs of the output projection for one sample."""
+        return 3.0 * 2 * self.seq_len * self.d_model * self.vocab_size
+
+    @property
+    def flops_per_sample(self) -> float:
+        """Forward + backward FLOPs for one sample (no recomputation)."""
+        return self.num_layers * self.block_flops_per_sample + self.head_flops_per_sample
+
+    # --- memory -----------------------------------------------------------
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Weights, gradients and AdamW state under mixed precision."""
+        return MIXED_PRECISION_STATE_BYTES_PER_PARAM * self.num_params
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes all-reduced per step (16-bit gradients)."""
+        return GRADIENT_BYTES_PER_PARAM * self.num_params
+
+    @property
+    def activation_bytes_per_sample_per_layer(self) -> int:
+        """Korthikanti et al. eq. 1 (no tensor parallelism, no recomputation)."""
+        s, h, a = self.seq_len, self.d_model, self.num_heads
+        return int(s * h * 34 + 5 * a * s * s)
+
+    @property
+    def head_activation_bytes_per_sample(self) -> int:
+        """Embedding output plus fp32 logits kept for the cross-entropy (``4·s·V``)."""
+        return 2 * self.seq_len * self.d_model + 4 * self.seq_len * self.vocab_size
+
+    @property
+    def activation_bytes_per_sample(self) -> int:
+        return (
+            self.num_layers * self.activation_bytes_per_sample_per_layer
+            + self.head_activation_bytes_per_sample
+        )
+
+    @property
+    def boundary_bytes_per_sample(self) -> int:
+        """Bytes of one sample's hidden state at a pipeline stage boundary (16-bit)."""
+        return 2 * self.seq_len * self.d_model
+
+
+def _gpt2(name: str, num_layers: int, d_model: int, num_heads: int) -> ModelPreset:
+    return ModelPreset(name=name, family="gpt", num_layers=num_layers, d_model=d_model,
+                       num_heads=num_heads, d_ff=4 * d_model, vocab_size=50257, seq_len=1024)
+
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in [
+        # Small enough to train on a CPU in the simulation: byte vocabulary.
+        ModelPreset(name="gpt-tiny", family="gpt", num_layers=4, d_model=128, num_heads=4,
+                    d_ff=512, vocab_size=256, seq_len=64),
+        ModelPreset(name="gpt-small-cpu", family="gpt", num_layers=8, d_model=256, num_heads=8,
+                    d_ff=1024, vocab_size=256, seq_len=128),
+        _gpt2("gpt2-small", 12, 768, 12),
+        _gpt2("gpt2-medium", 24, 1024, 16),
+        _gpt2("gpt2-large", 36, 1280, 20),
+        _gpt2("gpt2-xl", 48, 1600, 25),
+        ModelPreset(name="llama-7b", family="llama", num_layers=32, d_model=4096, num_heads=32,
+                    d_ff=11008, vocab_size=32000, seq_len=4096),
+        ModelPreset(name="llama-13b", family="llama", num_layers=40, d_model=5120, num_heads=40,
+                    d_ff=13824, vocab_size=32000, seq_len=4096),
+    ]
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    """Look a preset up by name (case-insensitive)."""
+    preset = PRESETS.get(name.strip().lower())
+    if preset is None:
+        raise HetschedError(f"model: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return preset
