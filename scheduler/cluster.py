@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from scheduler.catalogue import GIB, known_types, lookup
 from scheduler.errors import SpecError
@@ -161,8 +161,9 @@ def parse_cluster(data: Any) -> Cluster:
             try:
                 gpu = lookup(gpu_type)
             except KeyError:
+                known = ", ".join(known_types())
                 raise SpecError(
-                    f"{where}.type: unknown GPU type {gpu_type!r}; known: {', '.join(known_types())}"
+                    f"{where}.type: unknown GPU type {gpu_type!r}; known: {known}"
                 ) from None
             count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
             memory_gb = gpu.memory_gb
@@ -190,11 +191,13 @@ def parse_cluster(data: Any) -> Cluster:
         _check_keys("links.", raw, {"intra_node_gbps", "inter_node_gbps"})
         links = Links(
             intra_node_gbps=_number(
-                "links.intra_node_gbps", raw.get("intra_node_gbps", links.intra_node_gbps),
+                "links.intra_node_gbps",
+                raw.get("intra_node_gbps", links.intra_node_gbps),
                 minimum=0.001,
             ),
             inter_node_gbps=_number(
-                "links.inter_node_gbps", raw.get("inter_node_gbps", links.inter_node_gbps),
+                "links.inter_node_gbps",
+                raw.get("inter_node_gbps", links.inter_node_gbps),
                 minimum=0.001,
             ),
         )
@@ -204,7 +207,8 @@ def parse_cluster(data: Any) -> Cluster:
         _check_keys("simulation.", raw, {"memory_scale"})
         simulation = Simulation(
             memory_scale=_number(
-                "simulation.memory_scale", raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
+                "simulation.memory_scale",
+                raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
                 minimum=1e-9,
             )
         )

@@ -145,26 +145,66 @@ class ModelPreset:
 
 
 def _gpt2(name: str, num_layers: int, d_model: int, num_heads: int) -> ModelPreset:
-    return ModelPreset(name=name, family="gpt", num_layers=num_layers, d_model=d_model,
-                       num_heads=num_heads, d_ff=4 * d_model, vocab_size=50257, seq_len=1024)
+    return ModelPreset(
+        name=name,
+        family="gpt",
+        num_layers=num_layers,
+        d_model=d_model,
+        num_heads=num_heads,
+        d_ff=4 * d_model,
+        vocab_size=50257,
+        seq_len=1024,
+    )
 
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
         # Small enough to train on a CPU in the simulation: byte vocabulary.
-        ModelPreset(name="gpt-tiny", family="gpt", num_layers=4, d_model=128, num_heads=4,
-                    d_ff=512, vocab_size=256, seq_len=64),
-        ModelPreset(name="gpt-small-cpu", family="gpt", num_layers=8, d_model=256, num_heads=8,
-                    d_ff=1024, vocab_size=256, seq_len=128),
+        ModelPreset(
+            name="gpt-tiny",
+            family="gpt",
+            num_layers=4,
+            d_model=128,
+            num_heads=4,
+            d_ff=512,
+            vocab_size=256,
+            seq_len=64,
+        ),
+        ModelPreset(
+            name="gpt-small-cpu",
+            family="gpt",
+            num_layers=8,
+            d_model=256,
+            num_heads=8,
+            d_ff=1024,
+            vocab_size=256,
+            seq_len=128,
+        ),
         _gpt2("gpt2-small", 12, 768, 12),
         _gpt2("gpt2-medium", 24, 1024, 16),
         _gpt2("gpt2-large", 36, 1280, 20),
         _gpt2("gpt2-xl", 48, 1600, 25),
-        ModelPreset(name="llama-7b", family="llama", num_layers=32, d_model=4096, num_heads=32,
-                    d_ff=11008, vocab_size=32000, seq_len=4096),
-        ModelPreset(name="llama-13b", family="llama", num_layers=40, d_model=5120, num_heads=40,
-                    d_ff=13824, vocab_size=32000, seq_len=4096),
+        ModelPreset(
+            name="llama-7b",
+            family="llama",
+            num_layers=32,
+            d_model=4096,
+            num_heads=32,
+            d_ff=11008,
+            vocab_size=32000,
+            seq_len=4096,
+        ),
+        ModelPreset(
+            name="llama-13b",
+            family="llama",
+            num_layers=40,
+            d_model=5120,
+            num_heads=40,
+            d_ff=13824,
+            vocab_size=32000,
+            seq_len=4096,
+        ),
     ]
 }
 

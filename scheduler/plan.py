@@ -43,9 +43,13 @@ class DevicePlan:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "samples": self.samples, "micro_batch": self.micro_batch,
-            "accum_steps": self.accum_steps, "busy_s": self.busy_s,
-            "peak_bytes": self.peak_bytes, "offset": self.offset,
+            "id": self.id,
+            "samples": self.samples,
+            "micro_batch": self.micro_batch,
+            "accum_steps": self.accum_steps,
+            "busy_s": self.busy_s,
+            "peak_bytes": self.peak_bytes,
+            "offset": self.offset,
             "layers": list(self.layers) if self.layers is not None else None,
         }
         if self.stage is not None:
@@ -69,8 +73,10 @@ class Baseline:
     predicted_samples_per_s: float
 
     def to_dict(self) -> dict[str, float]:
-        return {"predicted_step_s": self.predicted_step_s,
-                "predicted_samples_per_s": self.predicted_samples_per_s}
+        return {
+            "predicted_step_s": self.predicted_step_s,
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,10 +106,12 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy, "global_batch": self.global_batch,
+            "strategy": self.strategy,
+            "global_batch": self.global_batch,
             "predicted_step_s": self.predicted_step_s,
             "predicted_samples_per_s": self.predicted_samples_per_s,
-            "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
             "devices": [d.to_dict() for d in self.devices],
             "excluded": [e.to_dict() for e in self.excluded],
             "baselines": {k: b.to_dict() for k, b in self.baselines.items()},
@@ -119,21 +127,31 @@ def plan_from_dict(data: Any) -> Plan:
     try:
         devices = tuple(
             DevicePlan(
-                id=d["id"], samples=int(d["samples"]), micro_batch=int(d["micro_batch"]),
-                accum_steps=int(d["accum_steps"]), busy_s=float(d["busy_s"]),
-                peak_bytes=int(d["peak_bytes"]), offset=int(d.get("offset", 0)),
-                layers=tuple(d["layers"]) if d.get("layers") is not None else None,  # type: ignore[arg-type]
-                stage=d.get("stage"), pipeline=d.get("pipeline"),
+                id=d["id"],
+                samples=int(d["samples"]),
+                micro_batch=int(d["micro_batch"]),
+                accum_steps=int(d["accum_steps"]),
+                busy_s=float(d["busy_s"]),
+                peak_bytes=int(d["peak_bytes"]),
+                offset=int(d.get("offset", 0)),
+                layers=(int(d["layers"][0]), int(d["layers"][1]))
+                if d.get("layers") is not None
+                else None,
+                stage=d.get("stage"),
+                pipeline=d.get("pipeline"),
             )
             for d in data["devices"]
         )
         return Plan(
-            strategy=str(data["strategy"]), global_batch=int(data["global_batch"]),
+            strategy=str(data["strategy"]),
+            global_batch=int(data["global_batch"]),
             predicted_step_s=float(data["predicted_step_s"]),
-            compute_s=float(data["compute_s"]), comm_s=float(data["comm_s"]),
+            compute_s=float(data["compute_s"]),
+            comm_s=float(data["comm_s"]),
             devices=devices,
-            excluded=tuple(Excluded(id=e["id"], reason=e["reason"])
-                           for e in data.get("excluded", [])),
+            excluded=tuple(
+                Excluded(id=e["id"], reason=e["reason"]) for e in data.get("excluded", [])
+            ),
             baselines={k: Baseline(**v) for k, v in data.get("baselines", {}).items()},
             notes=tuple(data.get("notes", [])),
         )

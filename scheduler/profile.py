@@ -40,8 +40,12 @@ class LayerCost:
     """Saved activations per sample."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s,
-                "static_bytes": self.static_bytes, "per_sample_bytes": self.per_sample_bytes}
+        return {
+            "fixed_s": self.fixed_s,
+            "per_sample_s": self.per_sample_s,
+            "static_bytes": self.static_bytes,
+            "per_sample_bytes": self.per_sample_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,9 +60,13 @@ class LayerProfile:
     """Activation bytes sent between consecutive stages, per sample."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"num_blocks": self.num_blocks, "embed": self.embed.to_dict(),
-                "block": self.block.to_dict(), "head": self.head.to_dict(),
-                "boundary_bytes_per_sample": self.boundary_bytes_per_sample}
+        return {
+            "num_blocks": self.num_blocks,
+            "embed": self.embed.to_dict(),
+            "block": self.block.to_dict(),
+            "head": self.head.to_dict(),
+            "boundary_bytes_per_sample": self.boundary_bytes_per_sample,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,10 +97,14 @@ class DeviceProfile:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "node": self.node, "type": self.type,
-            "capacity_bytes": self.capacity_bytes, "static_bytes": self.static_bytes,
+            "id": self.id,
+            "node": self.node,
+            "type": self.type,
+            "capacity_bytes": self.capacity_bytes,
+            "static_bytes": self.static_bytes,
             "per_sample_bytes": self.per_sample_bytes,
-            "fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s,
+            "fixed_s": self.fixed_s,
+            "per_sample_s": self.per_sample_s,
         }
         if self.layers is not None:
             out["layers"] = self.layers.to_dict()
@@ -120,13 +132,18 @@ class Profile:
         return replace(self, devices=tuple(d for d in self.devices if d.id in wanted))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "source": self.source,
-                "devices": [d.to_dict() for d in self.devices],
-                "links": self.links.to_dict(), "gradient_bytes": self.gradient_bytes}
+        return {
+            "model": self.model,
+            "source": self.source,
+            "devices": [d.to_dict() for d in self.devices],
+            "links": self.links.to_dict(),
+            "gradient_bytes": self.gradient_bytes,
+        }
 
 
-def _num(where: str, raw: dict[str, Any], key: str, *, integer: bool = False,
-         positive: bool = False) -> Any:
+def _num(
+    where: str, raw: dict[str, Any], key: str, *, integer: bool = False, positive: bool = False
+) -> Any:
     if key not in raw:
         raise ProfileError(f"profile: {where}.{key} is missing")
     value = raw[key]
@@ -185,17 +202,21 @@ def profile_from_dict(data: Any) -> Profile:
         if device_id in seen:
             raise ProfileError(f"profile: {where}.id {device_id!r} appears twice")
         seen.add(device_id)
-        devices.append(DeviceProfile(
-            id=device_id,
-            node=str(raw.get("node", device_id.split("/")[0])),
-            type=str(raw.get("type", "unknown")),
-            capacity_bytes=int(_num(where, raw, "capacity_bytes", integer=True)),
-            static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
-            per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
-            fixed_s=float(_num(where, raw, "fixed_s")),
-            per_sample_s=float(_num(where, raw, "per_sample_s", positive=True)),
-            layers=_layer_profile(f"{where}.layers", raw["layers"]) if raw.get("layers") else None,
-        ))
+        devices.append(
+            DeviceProfile(
+                id=device_id,
+                node=str(raw.get("node", device_id.split("/")[0])),
+                type=str(raw.get("type", "unknown")),
+                capacity_bytes=int(_num(where, raw, "capacity_bytes", integer=True)),
+                static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
+                per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
+                fixed_s=float(_num(where, raw, "fixed_s")),
+                per_sample_s=float(_num(where, raw, "per_sample_s", positive=True)),
+                layers=_layer_profile(f"{where}.layers", raw["layers"])
+                if raw.get("layers")
+                else None,
+            )
+        )
     raw_links = data.get("links") or {}
     if not isinstance(raw_links, dict):
         raise ProfileError("profile: links must be an object")
@@ -205,11 +226,19 @@ def profile_from_dict(data: Any) -> Profile:
     )
     if links.intra_node_gbps <= 0 or links.inter_node_gbps <= 0:
         raise ProfileError("profile: links bandwidths must be > 0")
-    gradient_bytes = int(_num("profile", data, "gradient_bytes", integer=True)) \
-        if "gradient_bytes" in data else 0
+    gradient_bytes = (
+        int(_num("profile", data, "gradient_bytes", integer=True))
+        if "gradient_bytes" in data
+        else 0
+    )
     source = data.get("source", "measured")
-    return Profile(model=model, devices=tuple(devices), links=links,
-                   gradient_bytes=gradient_bytes, source=str(source))
+    return Profile(
+        model=model,
+        devices=tuple(devices),
+        links=links,
+        gradient_bytes=gradient_bytes,
+        source=str(source),
+    )
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -227,8 +256,9 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
 
 
-def analytic_layers(model: ModelPreset, *, peak_flops: float, bandwidth_bytes_s: float,
-                    bytes_per_param: int = 16) -> LayerProfile:
+def analytic_layers(
+    model: ModelPreset, *, peak_flops: float, bandwidth_bytes_s: float, bytes_per_param: int = 16
+) -> LayerProfile:
     """Per-layer costs of ``model`` on a device of the given effective speed."""
 
     def cost(params: int, flops: float, act_bytes: int) -> LayerCost:
@@ -243,16 +273,21 @@ def analytic_layers(model: ModelPreset, *, peak_flops: float, bandwidth_bytes_s:
     return LayerProfile(
         num_blocks=model.num_layers,
         embed=cost(model.embed_params, embed_flops, 2 * model.seq_len * model.d_model),
-        block=cost(model.block_params, model.block_flops_per_sample,
-                   model.activation_bytes_per_sample_per_layer),
-        head=cost(model.head_params, model.head_flops_per_sample,
-                  4 * model.seq_len * model.vocab_size),
+        block=cost(
+            model.block_params,
+            model.block_flops_per_sample,
+            model.activation_bytes_per_sample_per_layer,
+        ),
+        head=cost(
+            model.head_params, model.head_flops_per_sample, 4 * model.seq_len * model.vocab_size
+        ),
         boundary_bytes_per_sample=model.boundary_bytes_per_sample,
     )
 
 
-def analytic_profile(cluster: Cluster, model: ModelPreset, *,
-                     efficiency: float = DEFAULT_EFFICIENCY) -> Profile:
+def analytic_profile(
+    cluster: Cluster, model: ModelPreset, *, efficiency: float = DEFAULT_EFFICIENCY
+) -> Profile:
     """A profile of ``cluster`` training ``model``, from the catalogue alone."""
     if not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
@@ -263,15 +298,24 @@ def analytic_profile(cluster: Cluster, model: ModelPreset, *,
         bandwidth_bytes_s = lookup(d.type).bandwidth_gbps * 1e9
         peak_flops = d.peak_tflops * 1e12 * efficiency
         layers = analytic_layers(model, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s)
-        devices.append(DeviceProfile(
-            id=d.id, node=d.node, type=d.type,
-            capacity_bytes=int(d.memory_bytes * USABLE_MEMORY_FRACTION),
-            static_bytes=model.model_state_bytes,
-            per_sample_bytes=model.activation_bytes_per_sample,
-            fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S * model.num_layers
-            + 3 * 2 * model.num_params / bandwidth_bytes_s,
-            per_sample_s=model.flops_per_sample / peak_flops,
-            layers=layers,
-        ))
-    return Profile(model=model.name, devices=tuple(devices), links=cluster.links,
-                   gradient_bytes=model.gradient_bytes, source="analytic")
+        devices.append(
+            DeviceProfile(
+                id=d.id,
+                node=d.node,
+                type=d.type,
+                capacity_bytes=int(d.memory_bytes * USABLE_MEMORY_FRACTION),
+                static_bytes=model.model_state_bytes,
+                per_sample_bytes=model.activation_bytes_per_sample,
+                fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S * model.num_layers
+                + 3 * 2 * model.num_params / bandwidth_bytes_s,
+                per_sample_s=model.flops_per_sample / peak_flops,
+                layers=layers,
+            )
+        )
+    return Profile(
+        model=model.name,
+        devices=tuple(devices),
+        links=cluster.links,
+        gradient_bytes=model.gradient_bytes,
+        source="analytic",
+    )
