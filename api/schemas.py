@@ -1,0 +1,384 @@
+"""The JSON the REST API speaks (``/api/v1``), as pydantic models.
+
+Layered per resource in the manner of full-stack-fastapi-template: ``JobCreate``
+comes in, ``JobPublic`` goes out, lists are ``JobsPublic(data, count)``. The
+plan and profile documents follow DESIGN.md ("Plan", "Profile") field for
+field, so a plan read from ``GET /jobs/{id}`` is the same document
+``hetsched plan`` prints. Everything inside the service uses the frozen
+dataclasses of ``scheduler/``; conversion happens in ``api/`` only.
+
+Routes (all JSON; errors are ``{"detail": "<field>: <what is allowed>"}``)::
+
+    GET    /api/v1/cluster                 ClusterPublic
+    POST   /api/v1/cluster/profile         ProfileCreate -> ProfilePublic
+    GET    /api/v1/profiles                ProfilesPublic
+    GET    /api/v1/options                 Options (presets, strategies, datasets, device ids)
+    POST   /api/v1/plans                   PlanCreate -> PlanPreview (409: nothing fits)
+    POST   /api/v1/jobs                    JobCreate -> JobPublic (201 new, 200 same submission_id)
+    GET    /api/v1/jobs?limit&offset&state JobsPublic (newest first)
+    GET    /api/v1/jobs/{id}               JobPublic
+    GET    /api/v1/jobs/{id}/metrics?since StepPublic list (steps >= since)
+    GET    /api/v1/jobs/{id}/logs?since    LogLine list
+    POST   /api/v1/jobs/{id}/stop          JobPublic
+    DELETE /api/v1/jobs/{id}               Message (409 unless terminal)
+    GET    /healthz                        Health
+    GET    /metrics                        Prometheus text
+
+Mutating calls need ``Authorization: Bearer <token>`` when HETSCHED_API_TOKEN is set.
+
+Strings that end up in the database are checked to be printable UTF-8, so a
+client cannot store something a later read would choke on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from scheduler import planner
+from scheduler.models import PRESETS
+
+
+def allowed_strategies() -> tuple[str, ...]:
+    """Strategies the scheduler offers (``auto``, ``pp`` and ``hybrid`` once they land)."""
+    offered = getattr(planner, "STRATEGIES", None)
+    return tuple(offered) if offered else tuple(planner.DP_PLANNERS)
+
+
+def _printable(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid UTF-8 text") from None
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _strategy(value: str) -> str:
+    allowed = allowed_strategies()
+    if value not in allowed:
+        raise ValueError(f"must be one of {', '.join(allowed)}")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_printable)]
+Name = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_printable)]
+DeviceId = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
+StrategyName = Annotated[
+    str,
+    Field(json_schema_extra={"enum": list(allowed_strategies())}),
+    AfterValidator(_strategy),
+]
+
+
+class JobState(StrEnum):
+    """Job states as Ray's job API has them; the last three are terminal."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED})
+
+
+class _In(BaseModel):
+    """Request bodies: unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- requests ---------------------------------------------------------------
+
+
+class ModelDims(_In):
+    """A model given by its dimensions instead of a preset name."""
+
+    name: Name = "custom"
+    family: Literal["gpt", "llama"] = "gpt"
+    num_layers: int = Field(ge=1, le=1024)
+    d_model: int = Field(ge=1, le=65536)
+    num_heads: int = Field(ge=1, le=1024)
+    d_ff: int = Field(ge=1, le=262144)
+    vocab_size: int = Field(ge=2, le=1_000_000)
+    seq_len: int = Field(ge=1, le=131072)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelDims:
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}"
+            )
+        return self
+
+
+ModelRef = Annotated[
+    str | ModelDims,
+    Field(description=f"A preset name ({', '.join(PRESETS)}) or explicit dimensions."),
+]
+
+
+class OptimizerSpec(_In):
+    """AdamW settings."""
+
+    lr: float = Field(default=3e-3, gt=0, le=10, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+
+
+class PlanCreate(_In):
+    """A dry run: what would this job's split be? Nothing is trained."""
+
+    model: ModelRef = "gpt-tiny"
+    global_batch: int = Field(default=32, ge=1, le=1_000_000)
+    strategy: StrategyName = "dp"
+    devices: list[DeviceId] | None = Field(
+        default=None, max_length=4096, description="Device ids to use; all when absent."
+    )
+
+
+class JobCreate(PlanCreate):
+    """A training job."""
+
+    name: Name = "job"
+    dataset: Text = Field(
+        default="default",
+        min_length=1,
+        max_length=255,
+        description="'default' (the bundled corpus) or a file name inside the server's data "
+        "directory.",
+    )
+    steps: int = Field(default=20, ge=1, le=1_000_000)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    submission_id: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Client-chosen key; submitting it again returns the existing job.",
+    )
+
+
+class ProfileCreate(_In):
+    """Measure (or re-measure) the cluster's devices for a model."""
+
+    model: ModelRef = "gpt-tiny"
+    devices: list[DeviceId] | None = Field(default=None, max_length=4096)
+    refresh: bool = Field(default=False, description="Measure again even when cached.")
+
+
+# --- documents (DESIGN.md) --------------------------------------------------
+
+
+class DevicePlanPublic(BaseModel):
+    id: str
+    samples: int
+    micro_batch: int
+    accum_steps: int
+    busy_s: float
+    peak_bytes: int
+    offset: int = 0
+    layers: list[int] | None = None
+    stage: int | None = None
+    pipeline: int | None = None
+
+
+class ExcludedPublic(BaseModel):
+    id: str
+    reason: str
+
+
+class BaselinePublic(BaseModel):
+    predicted_step_s: float
+    predicted_samples_per_s: float
+
+
+class PlanPublic(BaseModel):
+    """The plan document of DESIGN.md."""
+
+    strategy: str
+    global_batch: int
+    predicted_step_s: float
+    predicted_samples_per_s: float
+    compute_s: float
+    comm_s: float
+    devices: list[DevicePlanPublic]
+    excluded: list[ExcludedPublic] = []
+    baselines: dict[str, BaselinePublic] = {}
+    notes: list[str] = []
+
+
+class PlanPreview(BaseModel):
+    """Answer of ``POST /plans``."""
+
+    model: str
+    profile_source: Literal["measured", "analytic"]
+    """``measured`` on the live cluster; ``analytic`` (catalogue) when it is unavailable."""
+    plan: PlanPublic
+
+
+class ProfilePublic(BaseModel):
+    id: int
+    model: str
+    cluster: str
+    source: str
+    created_at: datetime
+    profile: dict[str, Any]
+    """The profile document of DESIGN.md."""
+
+
+class ProfilesPublic(BaseModel):
+    data: list[ProfilePublic]
+    count: int
+
+
+# --- cluster ----------------------------------------------------------------
+
+
+class MeasuredSpeed(BaseModel):
+    model: str
+    fixed_s: float
+    per_sample_s: float
+    samples_per_s: float
+    """``1 / per_sample_s``: samples per second at a large micro-batch."""
+
+
+class DevicePublic(BaseModel):
+    id: str
+    node: str
+    type: str
+    memory_gb: float
+    """As sold (catalogue or spec override)."""
+    capacity_bytes: int
+    """What the device really offers: scaled memory for simulated devices."""
+    peak_tflops: float
+    status: Literal["idle", "busy", "unavailable"]
+    job_id: str | None = None
+    measured: MeasuredSpeed | None = None
+    """From the most recent profile of this device."""
+    busy_ratio: float | None = None
+    """busy_s / step_s of the running job's latest step."""
+    memory_bytes: int | None = None
+    """Peak bytes in the running job's latest step."""
+
+
+class NodePublic(BaseModel):
+    name: str
+    devices: list[DevicePublic]
+
+
+class ClusterPublic(BaseModel):
+    name: str
+    available: bool
+    message: str = ""
+    """Why the cluster is unavailable, when it is."""
+    simulated: bool
+    ray_address: str | None = None
+    links: dict[str, float]
+    nodes: list[NodePublic]
+    num_devices: int
+
+
+# --- jobs -------------------------------------------------------------------
+
+
+class JobPublic(BaseModel):
+    id: str
+    name: str
+    model_name: str
+    state: JobState
+    message: str = ""
+    """Why a job failed or stopped; what a pending job waits for."""
+    spec: JobCreate
+    submission_id: str | None = None
+    devices: list[str] = []
+    """Devices allocated to the job (empty until it starts)."""
+    plan: PlanPublic | None = None
+    steps: int
+    steps_done: int = 0
+    progress: float = 0.0
+    """steps_done / steps, in [0, 1]."""
+    last_loss: float | None = None
+    samples_per_s: float | None = None
+    """Measured throughput: global_batch / measured_step_s."""
+    predicted_step_s: float | None = None
+    measured_step_s: float | None = None
+    """Median step time after the first (warm-up) step."""
+    stop_requested: bool = False
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+    """Jobs matching the filter, over all pages."""
+
+
+class DeviceStepPublic(BaseModel):
+    id: str
+    busy_s: float
+    wait_s: float
+    peak_bytes: int
+
+
+class StepPublic(BaseModel):
+    step: int
+    loss: float
+    step_s: float
+    samples_per_s: float
+    devices: list[DeviceStepPublic]
+    time: datetime
+
+
+class JobMetricsPublic(BaseModel):
+    job_id: str
+    data: list[StepPublic]
+    count: int
+
+
+class LogLine(BaseModel):
+    time: datetime
+    level: Literal["INFO", "WARNING", "ERROR"]
+    message: str
+
+
+class JobLogsPublic(BaseModel):
+    job_id: str
+    data: list[LogLine]
+    count: int
+
+
+class Message(BaseModel):
+    message: str
+
+
+class ErrorPublic(BaseModel):
+    detail: str
+    """One line naming the field or object and what is allowed."""
+
+
+# --- service ----------------------------------------------------------------
+
+
+class Options(BaseModel):
+    """What a submit form may offer."""
+
+    models: list[str]
+    strategies: list[str]
+    datasets: list[str]
+    devices: list[str]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "error"]
+    cluster: Literal["available", "unavailable"]
+    executor: Literal["running", "disabled"]
+    version: str
