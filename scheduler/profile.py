@@ -220,12 +220,15 @@ def profile_from_dict(data: Any) -> Profile:
     raw_links = data.get("links") or {}
     if not isinstance(raw_links, dict):
         raise ProfileError("profile: links must be an object")
+    defaults = Links()
     links = Links(
-        intra_node_gbps=float(raw_links.get("intra_node_gbps", Links().intra_node_gbps)),
-        inter_node_gbps=float(raw_links.get("inter_node_gbps", Links().inter_node_gbps)),
+        intra_node_gbps=float(_num("links", raw_links, "intra_node_gbps", positive=True))
+        if "intra_node_gbps" in raw_links
+        else defaults.intra_node_gbps,
+        inter_node_gbps=float(_num("links", raw_links, "inter_node_gbps", positive=True))
+        if "inter_node_gbps" in raw_links
+        else defaults.inter_node_gbps,
     )
-    if links.intra_node_gbps <= 0 or links.inter_node_gbps <= 0:
-        raise ProfileError("profile: links bandwidths must be > 0")
     gradient_bytes = (
         int(_num("profile", data, "gradient_bytes", integer=True))
         if "gradient_bytes" in data
