@@ -1,0 +1,136 @@
+"""The FastAPI application: ``create_app(settings)`` and its lifespan.
+
+The lifespan builds everything stateful (database engine, job store, Ray
+connection, executor) and puts it on ``app.state``; nothing is built at
+import, so tests make one app per temporary database. Error handlers turn
+every user error into one line, ``{"detail": "<field>: <what is allowed>"}``:
+422 for invalid input, 409 for plans that cannot fit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from api.db import make_engine
+from api.deps import AppState
+from api.executor import Executor
+from api.routes import api_router, dashboard, health, metrics
+from api.services import Profiler, connect_cluster
+from api.settings import Settings
+from api.store import JobStore
+from scheduler.errors import HetschedError, PlanError
+
+log = logging.getLogger("hetsched.api")
+API_PREFIX = "/api/v1"
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # drop pydantic's union-branch tags such as "str" / "ModelDims"
+    parts = [p for p in parts if p not in ("str", "ModelDims", "function-after[_printable(), str]")]
+    return ".".join(parts) or "body"
+
+
+def _readable(error: dict[str, Any]) -> str:
+    message = str(error.get("msg", "invalid"))
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if error.get("type") == "json_invalid":
+        return "body: is not valid JSON"
+    if error.get("type") == "missing":
+        return f"{_field(error['loc'])}: required"
+    value = error.get("input")
+    shown = ""
+    if error.get("type") not in ("extra_forbidden",) and isinstance(value, int | float | str):
+        text = repr(value)
+        shown = f", got {text[:40]}{'…' if len(text) > 40 else ''}"
+    return f"{_field(error['loc'])}: {message}{shown}"
+
+
+def validation_detail(exc: RequestValidationError) -> str:
+    """One line per field, joined by '; '."""
+    lines = list(dict.fromkeys(_readable(e) for e in exc.errors()))
+    return "; ".join(lines)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": validation_detail(exc)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT
+        )
+
+    @app.exception_handler(HetschedError)
+    async def _hetsched(_request: Request, exc: HetschedError) -> JSONResponse:
+        code = (
+            status.HTTP_409_CONFLICT
+            if isinstance(exc, PlanError)
+            else (status.HTTP_422_UNPROCESSABLE_CONTENT)
+        )
+        return JSONResponse(
+            {"detail": str(exc).splitlines()[0] if str(exc) else "invalid"}, status_code=code
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return JSONResponse(
+            {"detail": f"internal error: {type(exc).__name__}"},
+            status_code=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+
+
+def build_state(settings: Settings) -> AppState:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = JobStore(make_engine(settings.database_url))
+    failed = store.fail_interrupted()
+    if failed:
+        log.warning("marked %d interrupted job(s) FAILED: %s", len(failed), ", ".join(failed))
+    handle = connect_cluster(settings)
+    if not handle.available:
+        log.warning("cluster unavailable: %s", handle.message)
+    profiler = Profiler(store=store, handle=handle, cache_dir=settings.profile_cache_dir)
+    executor = None
+    if settings.executor:
+        executor = Executor(store=store, handle=handle, profiler=profiler, settings=settings)
+    return AppState(
+        settings=settings, store=store, handle=handle, profiler=profiler, executor=executor
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The control plane. ``settings`` default to the ``HETSCHED_*`` environment."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = build_state(settings or Settings())
+        app.state.hetsched = state
+        if state.executor is not None:
+            state.executor.start()
+        try:
+            yield
+        finally:
+            if state.executor is not None:
+                state.executor.shutdown()
+            state.store.engine.dispose()
+
+    app = FastAPI(
+        title="hetsched",
+        summary="Train one transformer across mixed GPUs with uneven per-device batches.",
+        version="0.1.0",
+        lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url="/docs",
+    )
+    install_error_handlers(app)
+    app.include_router(api_router, prefix=API_PREFIX)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    dashboard.add_dashboard(app)
+    return app

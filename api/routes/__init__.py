@@ -1,0 +1,9 @@
+"""One router per resource; :data:`api_router` gathers those served under ``/api/v1``."""
+
+from fastapi import APIRouter
+
+from api.routes import cluster, jobs, options, plans, profiles
+
+api_router = APIRouter()
+for module in (cluster, profiles, plans, jobs, options):
+    api_router.include_router(module.router)

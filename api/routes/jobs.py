@@ -1,0 +1,159 @@
+"""``/api/v1/jobs``: submit, list, inspect, stop and delete training jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from api.deps import Auth, JobDep, StateDep, StoreDep
+from api.schemas import (
+    ErrorPublic,
+    JobCreate,
+    JobLogsPublic,
+    JobMetricsPublic,
+    JobPublic,
+    JobsPublic,
+    JobState,
+    LogLine,
+    Message,
+    StepPublic,
+)
+from api.services import (
+    check_devices,
+    check_simulated_fit,
+    check_trainable,
+    model_from_ref,
+    resolve_dataset,
+)
+from api.views import job_public
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+ERRORS = {
+    401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+    404: {"model": ErrorPublic, "description": "No such job"},
+    409: {"model": ErrorPublic, "description": "Not allowed in the job's state"},
+}
+
+
+@router.post(
+    "",
+    response_model=JobPublic,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Auth],
+    responses={
+        200: {"model": JobPublic, "description": "Known submission_id"},
+        401: ERRORS[401],
+        409: {"model": ErrorPublic, "description": "The model fits no device"},
+    },
+)
+def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
+    """Queue a job. A repeated ``submission_id`` answers 200 with the job it created."""
+    if spec.submission_id is not None:
+        existing = state.store.get_by_submission(spec.submission_id)
+        if existing is not None:
+            response.status_code = status.HTTP_200_OK
+            return job_public(existing)
+    model = model_from_ref(spec.model)
+    check_trainable(model)
+    device_ids = check_devices(state.handle, spec.devices)
+    resolve_dataset(state.settings.data_dir, spec.dataset, seq_len=model.seq_len)
+    if state.handle.simulated and state.handle.cluster is not None:
+        check_simulated_fit(state.handle.cluster, model, device_ids)
+    job, created = state.store.create_job(
+        name=spec.name,
+        model_name=model.name,
+        spec=spec.model_dump(mode="json"),
+        submission_id=spec.submission_id,
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    elif state.executor is not None:
+        state.executor.wake()
+    return job_public(job)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    state: JobState | None = None,
+) -> JobsPublic:
+    """Jobs, newest first; ``count`` is the number matching over all pages."""
+    jobs, count = store.list_jobs(state=state.value if state else None, limit=limit, offset=offset)
+    return JobsPublic(data=[job_public(j) for j in jobs], count=count)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
+def read_job(job: JobDep) -> JobPublic:
+    return job_public(job)
+
+
+@router.get("/{job_id}/metrics", response_model=JobMetricsPublic, responses={404: ERRORS[404]})
+def read_metrics(
+    job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
+) -> JobMetricsPublic:
+    """Per-step loss, step time, throughput and per-device busy/wait/peak, from ``since``."""
+    steps = store.steps(job.id, since=since)
+    data = [
+        StepPublic(
+            step=s.step,
+            loss=s.loss,
+            step_s=s.step_s,
+            samples_per_s=s.samples_per_s,
+            devices=s.devices,
+            time=s.time,
+        )  # type: ignore[arg-type]
+        for s in steps
+    ]
+    return JobMetricsPublic(job_id=job.id, data=data, count=len(data))
+
+
+@router.get("/{job_id}/logs", response_model=JobLogsPublic, responses={404: ERRORS[404]})
+def read_logs(
+    job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
+) -> JobLogsPublic:
+    """What the executor did with the job, from line ``since`` on."""
+    lines = [
+        LogLine(time=r.time, level=r.level, message=r.message)  # type: ignore[arg-type]
+        for r in store.logs(job.id, since=since)
+    ]
+    return JobLogsPublic(job_id=job.id, data=lines, count=len(lines))
+
+
+@router.post(
+    "/{job_id}/stop",
+    response_model=JobPublic,
+    dependencies=[Auth],
+    responses={401: ERRORS[401], 404: ERRORS[404], 409: ERRORS[409]},
+)
+def stop_job(job: JobDep, state: StateDep) -> JobPublic:
+    """A pending job stops at once; a running one stops after its current step."""
+    if job.terminal:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job: {job.id} is already {job.state}; nothing to stop"
+        )
+    updated = state.store.request_stop(job.id)
+    if state.executor is not None:
+        state.executor.request_stop(job.id)
+    assert updated is not None
+    return job_public(updated)
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=Message,
+    dependencies=[Auth],
+    responses={401: ERRORS[401], 404: ERRORS[404], 409: ERRORS[409]},
+)
+def delete_job(job: JobDep, store: StoreDep) -> Message:
+    """Delete a finished job with its metrics and logs; running ones must be stopped first."""
+    if not job.terminal or not store.delete(job.id):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"job: {job.id} is {job.state}; only STOPPED, SUCCEEDED or FAILED "
+            "jobs can be deleted (stop it first)",
+        )
+    return Message(message=f"job {job.id} deleted")

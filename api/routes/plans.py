@@ -1,0 +1,46 @@
+"""``/api/v1/plans``: a dry run of the planner on this cluster; nothing is trained."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import Auth, StateDep
+from api.schemas import ErrorPublic, PlanCreate, PlanPreview
+from api.services import check_devices, dry_run, model_from_ref
+from api.views import plan_public
+
+router = APIRouter(prefix="/plans", tags=["plans"])
+
+
+@router.post(
+    "",
+    response_model=PlanPreview,
+    dependencies=[Auth],
+    responses={
+        409: {"model": ErrorPublic, "description": "Nothing fits"},
+        401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+    },
+)
+def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
+    """The plan a job with this spec would get, with the even and proportional baselines.
+
+    Uses the latest measurement of the model on these devices, measures them
+    when they are idle, and otherwise (or without a cluster) the GPU catalogue.
+    """
+    model = model_from_ref(spec.model)
+    device_ids = check_devices(state.handle, spec.devices)
+    busy = set(state.executor.busy_devices()) if state.executor else set()
+    plan, source = dry_run(
+        handle=state.handle,
+        profiler=state.profiler,
+        model=model,
+        device_ids=device_ids,
+        global_batch=spec.global_batch,
+        strategy=spec.strategy,
+        busy=busy,
+    )
+    return PlanPreview(
+        model=model.name,
+        profile_source=source,  # type: ignore[arg-type]
+        plan=plan_public(plan.to_dict()),
+    )

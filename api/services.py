@@ -1,0 +1,300 @@
+"""What routes and the executor share: the cluster connection, spec checks, profiling.
+
+The cluster handle is built once in the app's lifespan: a local Ray running
+a simulated cluster spec (the embedded default), or an existing Ray cluster
+(``--ray-address``) whose GPUs become the cluster. When Ray cannot be reached
+the service still starts and reports the cluster unavailable.
+
+Profiles are measured by ``workers.session.profile_cluster`` (cached on disk
+per device type and model) and every measurement is also recorded in the job
+store so ``GET /profiles`` and the dashboard can show it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from api.schemas import ModelDims
+from api.settings import Settings
+from api.store import JobStore, ProfileRecord
+from scheduler.cluster import Cluster, load_cluster
+from scheduler.errors import HetschedError, PlanError
+from scheduler.models import ModelPreset, get_preset
+from scheduler.plan import Plan
+from scheduler.planner import make_plan
+from scheduler.profile import USABLE_MEMORY_FRACTION, Profile, analytic_profile, profile_from_dict
+
+log = logging.getLogger("hetsched.api")
+BYTE_VOCAB = 256
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterHandle:
+    cluster: Cluster | None
+    available: bool
+    message: str = ""
+    simulated: bool = True
+    ray_address: str | None = None
+
+
+def connect_cluster(settings: Settings) -> ClusterHandle:
+    """Attach to Ray as ``settings`` say; never raises for an unreachable cluster."""
+    if settings.ray_address:
+        try:
+            from workers.session import connect_ray
+
+            cluster = connect_ray(settings.ray_address)
+        except Exception as exc:  # Ray raises many types for an unreachable head
+            return ClusterHandle(
+                cluster=None,
+                available=False,
+                simulated=False,
+                ray_address=settings.ray_address,
+                message=f"cannot connect to Ray at {settings.ray_address}: {_one_line(exc)}",
+            )
+        return ClusterHandle(
+            cluster=cluster, available=True, simulated=False, ray_address=settings.ray_address
+        )
+    try:
+        cluster = load_cluster(settings.cluster_file)
+    except HetschedError as exc:
+        return ClusterHandle(cluster=None, available=False, message=str(exc))
+    if not settings.start_ray:
+        return ClusterHandle(
+            cluster=cluster,
+            available=False,
+            message="local Ray not started (HETSCHED_START_RAY=false)",
+        )
+    try:
+        from workers.session import start_local_ray
+
+        start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
+    except Exception as exc:
+        return ClusterHandle(
+            cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
+        )
+    return ClusterHandle(cluster=cluster, available=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --- checking a spec against this server ---------------------------------------
+
+
+def model_from_ref(ref: str | ModelDims | dict[str, Any]) -> ModelPreset:
+    if isinstance(ref, dict):
+        ref = ModelDims.model_validate(ref)
+    if isinstance(ref, str):
+        return get_preset(ref)
+    return ModelPreset(**ref.model_dump())
+
+
+def model_key(model: ModelPreset) -> str:
+    """Names a model uniquely (custom dimensions included) for cache keys."""
+    return (
+        f"{model.name}:{model.family}:{model.num_layers}x{model.d_model}h{model.num_heads}"
+        f"f{model.d_ff}v{model.vocab_size}s{model.seq_len}"
+    )
+
+
+def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[str]:
+    """The devices a job asks for (all when ``None``); unknown ids name the known ones."""
+    if handle.cluster is None:
+        if device_ids:
+            raise HetschedError(f"devices: the cluster is unavailable ({handle.message})")
+        return []
+    known = handle.cluster.ids
+    if device_ids is None:
+        return known
+    if not device_ids:
+        raise HetschedError("devices: must list at least one device id, or be omitted for all")
+    if len(set(device_ids)) != len(device_ids):
+        raise HetschedError("devices: lists a device twice")
+    for device_id in device_ids:
+        if device_id not in known:
+            raise HetschedError(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
+    return [d for d in known if d in set(device_ids)]
+
+
+def resolve_dataset(data_dir: Path, name: str, *, seq_len: int) -> Path | None:
+    """``default`` (the bundled corpus) or a file inside the data directory, nowhere else."""
+    if name == "default":
+        return None
+    root = data_dir.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise HetschedError(
+            f"dataset: {name!r} is outside the server's data directory; "
+            "give 'default' or a file name inside it"
+        )
+    if not path.is_file():
+        known = ", ".join(list_datasets(data_dir))
+        raise HetschedError(
+            f"dataset: no file {name!r} in the server's data directory {root}; give one of: {known}"
+        )
+    size = path.stat().st_size
+    if size < seq_len + 1:
+        raise HetschedError(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
+    return path
+
+
+def list_datasets(data_dir: Path) -> list[str]:
+    root = data_dir.resolve()
+    names = ["default"]
+    if root.is_dir():
+        names += sorted(str(p.relative_to(root)) for p in root.rglob("*.txt") if p.is_file())
+    return names
+
+
+def check_trainable(model: ModelPreset) -> None:
+    if model.vocab_size < BYTE_VOCAB:
+        raise HetschedError(
+            f"model.vocab_size: training reads byte tokens, so it must be >= "
+            f"{BYTE_VOCAB}, got {model.vocab_size}"
+        )
+
+
+def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[str]) -> None:
+    """Refuse, before any actor builds it, a model whose states fit no simulated device.
+
+    Simulated capacity is ``memory_gb × memory_scale``; the model states are
+    16 bytes per parameter (weights, gradients, AdamW moments).
+    """
+    scale = cluster.simulation.memory_scale
+    reasons = []
+    for device_id in device_ids:
+        device = cluster.device(device_id)
+        capacity = device.memory_bytes * scale * USABLE_MEMORY_FRACTION
+        if model.model_state_bytes <= capacity:
+            return
+        reasons.append(
+            f"{device_id}: model states {model.model_state_bytes / 1e6:.1f} MB "
+            f"exceed simulated capacity {capacity / 1e6:.1f} MB"
+        )
+    more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
+    raise PlanError(f"no device can hold the model: {'; '.join(reasons[:3])}{more}")
+
+
+# --- profiling ------------------------------------------------------------------
+
+
+class Profiler:
+    """Measures profiles one at a time (two measurements would disturb each other)."""
+
+    def __init__(self, *, store: JobStore, handle: ClusterHandle, cache_dir: Path) -> None:
+        self.store = store
+        self.handle = handle
+        self.cache_dir = cache_dir
+        self._lock = threading.Lock()
+
+    def measure(
+        self, model: ModelPreset, device_ids: list[str], *, refresh: bool = False
+    ) -> Profile:
+        return self.measure_record(model, device_ids, refresh=refresh)[0]
+
+    def measure_record(
+        self, model: ModelPreset, device_ids: list[str], *, refresh: bool = False
+    ) -> tuple[Profile, ProfileRecord]:
+        """Measure (or read the workers' cache) and record the result in the store."""
+        cluster = self.handle.cluster
+        if cluster is None or not self.handle.available:
+            raise HetschedError(f"cluster: unavailable ({self.handle.message})")
+        if self.handle.simulated:
+            check_simulated_fit(cluster, model, device_ids)
+        from workers.session import profile_cluster
+
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            profile = profile_cluster(
+                cluster,
+                model,
+                device_ids=device_ids,
+                cache_dir=self.cache_dir,
+                refresh=refresh,
+                simulated=self.handle.simulated,
+            )
+        record = self.store.save_profile(
+            key=self._key(model, device_ids),
+            model=model.name,
+            cluster=cluster.name,
+            source=profile.source,
+            profile=profile.to_dict(),
+        )
+        return profile, record
+
+    def _key(self, model: ModelPreset, device_ids: list[str]) -> str:
+        name = self.handle.cluster.name if self.handle.cluster else "?"
+        return f"{name}|{model_key(model)}|{','.join(sorted(device_ids))}"[:400]
+
+    def stored(self, model: ModelPreset, device_ids: list[str]) -> Profile | None:
+        """A stored measurement of this model covering ``device_ids``, if any."""
+        cluster = self.handle.cluster
+        if cluster is None:
+            return None
+        wanted = set(device_ids)
+        for record in self.store.profiles():
+            if record.cluster != cluster.name or record.model != model.name:
+                continue
+            try:
+                profile = profile_from_dict(record.profile)
+            except HetschedError:
+                continue
+            if wanted <= {d.id for d in profile.devices} and record.source != "analytic":
+                return profile.subset(device_ids)
+        return None
+
+
+def dry_run(
+    *,
+    handle: ClusterHandle,
+    profiler: Profiler,
+    model: ModelPreset,
+    device_ids: list[str],
+    global_batch: int,
+    strategy: str,
+    busy: set[str],
+) -> tuple[Plan, str]:
+    """Plan without training: a stored or fresh measurement, else the catalogue."""
+    cluster = handle.cluster
+    if cluster is None:
+        raise HetschedError(f"cluster: unavailable ({handle.message})")
+    if handle.simulated:
+        check_simulated_fit(cluster, model, device_ids)
+    profile = profiler.stored(model, device_ids)
+    if profile is None and handle.available and not busy & set(device_ids):
+        profile = profiler.measure(model, device_ids)
+    source = "measured"
+    if profile is None:
+        profile = analytic_profile(cluster.subset(device_ids), model)
+        source = "analytic"
+        if handle.simulated:
+            profile = _scaled(profile, cluster)
+    return make_plan(profile, global_batch, strategy), source
+
+
+def _scaled(profile: Profile, cluster: Cluster) -> Profile:
+    """An analytic profile with the simulated (scaled) memory of each device."""
+    scale = cluster.simulation.memory_scale
+    devices = tuple(
+        replace(
+            d,
+            capacity_bytes=int(cluster.device(d.id).memory_bytes * scale * USABLE_MEMORY_FRACTION),
+        )
+        for d in profile.devices
+    )
+    return replace(profile, devices=devices)
+
+
+def plan_summary(plan: Plan) -> str:
+    shares = ", ".join(f"{d.id}={d.samples}" for d in plan.devices)
+    return (
+        f"plan {plan.strategy}: {shares}; predicted {plan.predicted_step_s * 1e3:.1f} ms/step "
+        f"({plan.predicted_samples_per_s:.1f} samples/s)"
+    )

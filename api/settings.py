@@ -1,0 +1,58 @@
+"""Control-plane settings: one ``BaseSettings``, read from ``HETSCHED_*`` variables.
+
+Built in ``hetsched serve`` (flags override the environment) or by a test,
+and handed to :func:`api.app.create_app`; nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CLUSTER = REPO_ROOT / "deploy" / "clusters" / "local-sim.yaml"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HETSCHED_", extra="ignore")
+
+    data_dir: Path = Path(".hetsched")
+    """Holds the SQLite database, the profile cache and datasets jobs may name."""
+    db_url: str | None = None
+    """Any SQLAlchemy URL; default ``sqlite:///<data_dir>/hetsched.db``."""
+    cluster: Path | None = None
+    """Cluster spec to simulate locally; default the bundled local-sim.yaml."""
+    ray_address: str | None = None
+    """Attach to this Ray cluster (real GPUs) instead of starting a local simulation."""
+    start_ray: bool = True
+    """Start local Ray for the simulated cluster. Off: the cluster is reported unavailable."""
+    ray_num_cpus: int = Field(default=2, ge=1)
+    """CPUs the embedded local Ray may use."""
+    executor: bool = True
+    """Run queued jobs. Off: jobs are stored but stay PENDING (API-only tests)."""
+    api_token: SecretStr | None = None
+    """When set, mutating calls need ``Authorization: Bearer <token>``."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    @property
+    def database_url(self) -> str:
+        if self.db_url:
+            return self.db_url
+        return f"sqlite:///{(self.data_dir / 'hetsched.db').resolve()}"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.cluster if self.cluster is not None else DEFAULT_CLUSTER
+
+    @property
+    def profile_cache_dir(self) -> Path:
+        return self.data_dir / "profiles"
+
+    @property
+    def token(self) -> str | None:
+        if self.api_token is None or not self.api_token.get_secret_value():
+            return None
+        return self.api_token.get_secret_value()

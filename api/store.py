@@ -1,0 +1,396 @@
+"""The job store: every read and write of job records, behind one class.
+
+Routes and the executor never write SQL; they call :class:`JobStore`, which
+hands back plain frozen dataclasses. State changes are conditional updates
+(``WHERE state = …``), so a terminal state never changes even when a stop
+request races the executor's final write.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import uuid
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.db import JobRow, LogRow, ProfileRow, StepRow
+
+PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
+    "PENDING",
+    "RUNNING",
+    "STOPPED",
+    "SUCCEEDED",
+    "FAILED",
+)
+TERMINAL = (STOPPED, SUCCEEDED, FAILED)
+RESTART_MESSAGE = "control plane restarted while the job was running"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; they were written in UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobRecord:
+    id: str
+    name: str
+    model_name: str
+    submission_id: str | None
+    spec: dict[str, Any]
+    state: str
+    message: str
+    devices: list[str]
+    plan: dict[str, Any] | None
+    steps: int
+    global_batch: int
+    steps_done: int
+    last_loss: float | None
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    stop_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepRecord:
+    step: int
+    loss: float
+    step_s: float
+    samples_per_s: float
+    devices: list[dict[str, Any]]
+    time: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogRecord:
+    time: datetime
+    level: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileRecord:
+    id: int
+    model: str
+    cluster: str
+    source: str
+    profile: dict[str, Any]
+    created_at: datetime
+
+
+def _job(row: JobRow) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        name=row.name,
+        model_name=row.model_name,
+        submission_id=row.submission_id,
+        spec=json.loads(row.spec_json),
+        state=row.state,
+        message=row.message,
+        devices=json.loads(row.devices_json),
+        plan=json.loads(row.plan_json) if row.plan_json else None,
+        steps=row.steps,
+        global_batch=row.global_batch,
+        steps_done=row.steps_done,
+        last_loss=row.last_loss,
+        predicted_step_s=row.predicted_step_s,
+        measured_step_s=row.measured_step_s,
+        stop_requested=row.stop_requested,
+        created_at=_utc(row.created_at) or now(),
+        started_at=_utc(row.started_at),
+        ended_at=_utc(row.ended_at),
+    )
+
+
+class JobStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._session = sessionmaker(engine, expire_on_commit=False)
+
+    def _tx(self) -> AbstractContextManager[Session]:
+        return self._session.begin()
+
+    # --- jobs ----------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        name: str,
+        model_name: str,
+        spec: dict[str, Any],
+        submission_id: str | None,
+    ) -> tuple[JobRecord, bool]:
+        """Store a PENDING job; with a known ``submission_id`` return that job instead.
+
+        Returns ``(job, created)``.
+        """
+        if submission_id is not None:
+            existing = self.get_by_submission(submission_id)
+            if existing is not None:
+                return existing, False
+        row = JobRow(
+            id=uuid.uuid4().hex[:12],
+            name=name,
+            model_name=model_name,
+            submission_id=submission_id,
+            spec_json=json.dumps(spec),
+            state=PENDING,
+            message="queued",
+            devices_json="[]",
+            steps=int(spec["steps"]),
+            global_batch=int(spec["global_batch"]),
+            steps_done=0,
+            stop_requested=False,
+            created_at=now(),
+        )
+        try:
+            with self._tx() as session:
+                row.seq = (session.scalar(select(func.max(JobRow.seq))) or 0) + 1
+                session.add(row)
+        except IntegrityError:
+            # Two submissions with one submission_id raced; the other one won.
+            if submission_id is not None:
+                existing = self.get_by_submission(submission_id)
+                if existing is not None:
+                    return existing, False
+            raise
+        return _job(row), True
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._tx() as session:
+            row = session.get(JobRow, job_id)
+            return _job(row) if row is not None else None
+
+    def get_by_submission(self, submission_id: str) -> JobRecord | None:
+        with self._tx() as session:
+            row = session.scalar(select(JobRow).where(JobRow.submission_id == submission_id))
+            return _job(row) if row is not None else None
+
+    def list_jobs(
+        self, *, state: str | None = None, limit: int = 100, offset: int = 0
+    ) -> tuple[list[JobRecord], int]:
+        """Newest first; ``count`` is over all pages."""
+        with self._tx() as session:
+            query = select(JobRow)
+            counter = select(func.count()).select_from(JobRow)
+            if state is not None:
+                query = query.where(JobRow.state == state)
+                counter = counter.where(JobRow.state == state)
+            rows = session.scalars(query.order_by(JobRow.seq.desc()).limit(limit).offset(offset))
+            return [_job(r) for r in rows], int(session.scalar(counter) or 0)
+
+    def pending(self) -> list[JobRecord]:
+        """The queue, oldest first."""
+        with self._tx() as session:
+            rows = session.scalars(
+                select(JobRow).where(JobRow.state == PENDING).order_by(JobRow.seq)
+            )
+            return [_job(r) for r in rows]
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._tx() as session:
+            rows = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
+            counts = {state: 0 for state in (PENDING, RUNNING, *TERMINAL)}
+            counts.update({state: int(n) for state, n in rows})
+            return counts
+
+    def _transition(self, job_id: str, from_states: Iterable[str], **values: Any) -> bool:
+        with self._tx() as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state.in_(list(from_states)))
+                .values(**values)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def set_waiting(self, job_id: str, message: str) -> None:
+        self._transition(job_id, [PENDING], message=message)
+
+    def start(self, job_id: str, devices: list[str]) -> bool:
+        """PENDING -> RUNNING with its devices; False when it is no longer pending."""
+        return self._transition(
+            job_id,
+            [PENDING],
+            state=RUNNING,
+            devices_json=json.dumps(devices),
+            started_at=now(),
+            message="profiling",
+        )
+
+    def set_plan(self, job_id: str, plan: dict[str, Any]) -> None:
+        self._transition(
+            job_id,
+            [RUNNING],
+            plan_json=json.dumps(plan),
+            predicted_step_s=float(plan["predicted_step_s"]),
+            message="training",
+        )
+
+    def finish(self, job_id: str, state: str, message: str) -> bool:
+        """Move a non-terminal job to a terminal ``state``; False when already terminal."""
+        assert state in TERMINAL
+        return self._transition(
+            job_id, [PENDING, RUNNING], state=state, message=message, ended_at=now()
+        )
+
+    def request_stop(self, job_id: str) -> JobRecord | None:
+        """PENDING jobs stop at once; RUNNING ones are flagged for the executor."""
+        self._transition(
+            job_id,
+            [PENDING],
+            state=STOPPED,
+            stop_requested=True,
+            message="stopped before it started",
+            ended_at=now(),
+        )
+        self._transition(job_id, [RUNNING], stop_requested=True, message="stop requested")
+        return self.get(job_id)
+
+    def delete(self, job_id: str) -> bool:
+        """Delete a terminal job and its metrics and logs; False when it is not terminal."""
+        with self._tx() as session:
+            row = session.get(JobRow, job_id)
+            if row is None or row.state not in TERMINAL:
+                return False
+            session.execute(delete(StepRow).where(StepRow.job_id == job_id))
+            session.execute(delete(LogRow).where(LogRow.job_id == job_id))
+            session.delete(row)
+            return True
+
+    def fail_interrupted(self, message: str = RESTART_MESSAGE) -> list[str]:
+        """Mark jobs left RUNNING by a previous process FAILED; their plan and steps stay."""
+        with self._tx() as session:
+            ids = list(session.scalars(select(JobRow.id).where(JobRow.state == RUNNING)))
+        for job_id in ids:
+            if self.finish(job_id, FAILED, message):
+                self.log(job_id, "ERROR", message)
+        return ids
+
+    # --- steps and logs --------------------------------------------------------
+
+    def add_step(
+        self,
+        job_id: str,
+        *,
+        step: int,
+        loss: float,
+        step_s: float,
+        samples_per_s: float,
+        devices: list[dict[str, Any]],
+        step_times_s: list[float],
+    ) -> None:
+        """Store one step and refresh the job's aggregates (median after the warm-up step)."""
+        warm = step_times_s[1:] or step_times_s
+        with self._tx() as session:
+            session.merge(
+                StepRow(
+                    job_id=job_id,
+                    step=step,
+                    loss=loss,
+                    step_s=step_s,
+                    samples_per_s=samples_per_s,
+                    devices_json=json.dumps(devices),
+                    time=now(),
+                )
+            )
+            session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id)
+                .values(
+                    steps_done=step + 1,
+                    last_loss=loss,
+                    measured_step_s=statistics.median(warm),
+                )
+            )
+
+    def steps(self, job_id: str, *, since: int = 0) -> list[StepRecord]:
+        with self._tx() as session:
+            rows = session.scalars(
+                select(StepRow)
+                .where(StepRow.job_id == job_id, StepRow.step >= since)
+                .order_by(StepRow.step)
+            )
+            return [
+                StepRecord(
+                    step=r.step,
+                    loss=r.loss,
+                    step_s=r.step_s,
+                    samples_per_s=r.samples_per_s,
+                    devices=json.loads(r.devices_json),
+                    time=_utc(r.time) or now(),
+                )
+                for r in rows
+            ]
+
+    def log(self, job_id: str, level: str, message: str) -> None:
+        with self._tx() as session:
+            session.add(LogRow(job_id=job_id, time=now(), level=level, message=message))
+
+    def logs(self, job_id: str, *, since: int = 0) -> list[LogRecord]:
+        with self._tx() as session:
+            rows = session.scalars(
+                select(LogRow).where(LogRow.job_id == job_id).order_by(LogRow.id).offset(since)
+            )
+            return [
+                LogRecord(time=_utc(r.time) or now(), level=r.level, message=r.message)
+                for r in rows
+            ]
+
+    # --- profiles --------------------------------------------------------------
+
+    def save_profile(
+        self, *, key: str, model: str, cluster: str, source: str, profile: dict[str, Any]
+    ) -> ProfileRecord:
+        with self._tx() as session:
+            row = session.scalar(select(ProfileRow).where(ProfileRow.key == key))
+            if row is None:
+                row = ProfileRow(key=key)
+                session.add(row)
+            row.model, row.cluster, row.source = model, cluster, source
+            row.profile_json, row.created_at = json.dumps(profile), now()
+            session.flush()
+            return ProfileRecord(
+                id=row.id,
+                model=model,
+                cluster=cluster,
+                source=source,
+                profile=profile,
+                created_at=row.created_at,
+            )
+
+    def profiles(self) -> list[ProfileRecord]:
+        """Newest first."""
+        with self._tx() as session:
+            rows = session.scalars(select(ProfileRow).order_by(ProfileRow.created_at.desc()))
+            return [
+                ProfileRecord(
+                    id=r.id,
+                    model=r.model,
+                    cluster=r.cluster,
+                    source=r.source,
+                    profile=json.loads(r.profile_json),
+                    created_at=_utc(r.created_at) or now(),
+                )
+                for r in rows
+            ]

@@ -1,0 +1,138 @@
+"""Turn store records and scheduler dataclasses into the API's pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.executor import Executor
+from api.schemas import (
+    ClusterPublic,
+    DevicePublic,
+    JobCreate,
+    JobPublic,
+    JobState,
+    MeasuredSpeed,
+    NodePublic,
+    PlanPublic,
+    ProfilePublic,
+)
+from api.services import ClusterHandle
+from api.store import JobRecord, JobStore, ProfileRecord
+
+
+def plan_public(plan: dict[str, Any]) -> PlanPublic:
+    return PlanPublic.model_validate(plan)
+
+
+def job_public(job: JobRecord) -> JobPublic:
+    samples_per_s = None
+    if job.measured_step_s:
+        samples_per_s = job.global_batch / job.measured_step_s
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        model_name=job.model_name,
+        state=JobState(job.state),
+        message=job.message,
+        spec=JobCreate.model_validate(job.spec),
+        submission_id=job.submission_id,
+        devices=job.devices,
+        plan=plan_public(job.plan) if job.plan else None,
+        steps=job.steps,
+        steps_done=job.steps_done,
+        progress=min(1.0, job.steps_done / job.steps),
+        last_loss=job.last_loss,
+        samples_per_s=samples_per_s,
+        predicted_step_s=job.predicted_step_s,
+        measured_step_s=job.measured_step_s,
+        stop_requested=job.stop_requested,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+    )
+
+
+def profile_public(record: ProfileRecord) -> ProfilePublic:
+    return ProfilePublic(
+        id=record.id,
+        model=record.model,
+        cluster=record.cluster,
+        source=record.source,
+        created_at=record.created_at,
+        profile=record.profile,
+    )
+
+
+def _latest_speeds(store: JobStore) -> dict[str, MeasuredSpeed]:
+    """Each device's figures from its most recent measured profile."""
+    speeds: dict[str, MeasuredSpeed] = {}
+    for record in store.profiles():  # newest first
+        if record.source == "analytic":
+            continue
+        for d in record.profile.get("devices", []):
+            if d.get("id") in speeds or not d.get("per_sample_s"):
+                continue
+            speeds[d["id"]] = MeasuredSpeed(
+                model=record.model,
+                fixed_s=d["fixed_s"],
+                per_sample_s=d["per_sample_s"],
+                samples_per_s=1.0 / d["per_sample_s"],
+            )
+    return speeds
+
+
+def cluster_public(
+    handle: ClusterHandle,
+    store: JobStore,
+    executor: Executor | None,
+) -> ClusterPublic:
+    cluster = handle.cluster
+    if cluster is None:
+        return ClusterPublic(
+            name="unavailable",
+            available=False,
+            message=handle.message,
+            simulated=handle.simulated,
+            ray_address=handle.ray_address,
+            links={},
+            nodes=[],
+            num_devices=0,
+        )
+    busy = executor.busy_devices() if executor else {}
+    live = {job.job_id: job for job in executor.live()} if executor else {}
+    speeds = _latest_speeds(store)
+    scale = cluster.simulation.memory_scale if handle.simulated else 1.0
+    nodes: dict[str, list[DevicePublic]] = {}
+    for d in cluster.devices:
+        job_id = busy.get(d.id)
+        busy_ratio = memory_bytes = None
+        job = live.get(job_id) if job_id else None
+        if job is not None and d.id in job.device_steps and job.step_s:
+            busy_s, _wait_s, peak = job.device_steps[d.id]
+            busy_ratio, memory_bytes = min(1.0, busy_s / job.step_s), peak
+        status = "busy" if job_id else ("idle" if handle.available else "unavailable")
+        nodes.setdefault(d.node, []).append(
+            DevicePublic(
+                id=d.id,
+                node=d.node,
+                type=d.type,
+                memory_gb=d.memory_gb,
+                capacity_bytes=int(d.memory_bytes * scale),
+                peak_tflops=d.peak_tflops,
+                status=status,
+                job_id=job_id,
+                measured=speeds.get(d.id),
+                busy_ratio=busy_ratio,
+                memory_bytes=memory_bytes,
+            )
+        )
+    return ClusterPublic(
+        name=cluster.name,
+        available=handle.available,
+        message=handle.message,
+        simulated=handle.simulated,
+        ray_address=handle.ray_address,
+        links=cluster.links.to_dict(),
+        nodes=[NodePublic(name=n, devices=devs) for n, devs in nodes.items()],
+        num_devices=len(cluster.devices),
+    )
