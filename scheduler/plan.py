@@ -17,6 +17,8 @@ from scheduler.errors import PlanError
 
 Strategy = Literal["auto", "dp", "even", "proportional", "pp", "hybrid"]
 DP_STRATEGIES: tuple[str, ...] = ("dp", "even", "proportional")
+PIPELINE_STRATEGIES: tuple[str, ...] = ("pp", "hybrid")
+"""Strategies whose plans give devices layer ranges; the pipeline runtime runs them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from scheduler.costmodel import ring_allreduce_s, slowest_link_gbps
 from scheduler.errors import PlanError
-from scheduler.plan import DP_STRATEGIES, Baseline, DevicePlan, Excluded, Plan
+from scheduler.plan import DP_STRATEGIES, PIPELINE_STRATEGIES, Baseline, DevicePlan, Excluded, Plan
 from scheduler.profile import DeviceProfile, Profile
 
 FloatArray = npt.NDArray[np.float64]
@@ -52,7 +52,7 @@ IntArray = npt.NDArray[np.int64]
 
 GB = 1e9
 
-STRATEGIES: tuple[str, ...] = DP_STRATEGIES
+STRATEGIES: tuple[str, ...] = ("auto", *DP_STRATEGIES, *PIPELINE_STRATEGIES)
 """Strategies :func:`make_plan` accepts, in the order the command line and API
 offer them. A module that adds strategies extends this tuple with them."""
 
@@ -397,9 +397,35 @@ def _baselines(profile: Profile, group: _Group, global_batch: int) -> dict[str, 
 
 def make_plan(profile: Profile, global_batch: int, strategy: str = "dp") -> Plan:
     """Plan ``strategy`` and report the ``even`` and ``proportional`` baselines with it."""
-    if strategy not in DP_PLANNERS:
+    if strategy not in STRATEGIES:
         raise PlanError(f"strategy: unknown {strategy!r}; allowed: {', '.join(STRATEGIES)}")
     check_global_batch(global_batch)
+    if strategy not in DP_PLANNERS:
+        return _make_pipeline_plan(profile, global_batch, strategy)
     group, excluded = _prepare(profile)
     plan = _plan(strategy, profile, group, excluded, global_batch)
     return plan.with_baselines(_baselines(profile, group, global_batch))
+
+
+def _make_pipeline_plan(profile: Profile, global_batch: int, strategy: str) -> Plan:
+    """``auto``, ``pp`` or ``hybrid``, with the dp baselines where the model fits dp."""
+    from scheduler.auto import plan_auto
+    from scheduler.hybrid import plan_hybrid
+    from scheduler.pipeline import plan_pp
+
+    planners: dict[str, Callable[[Profile, int], Plan]] = {
+        "auto": plan_auto,
+        "pp": plan_pp,
+        "hybrid": plan_hybrid,
+    }
+    plan = planners[strategy](profile, global_batch)
+    baselines: dict[str, Baseline] = {}
+    try:
+        group, excluded = _prepare(profile)
+    except PlanError:
+        pass  # no device holds the whole model: data-parallel baselines do not exist
+    else:
+        baselines = _baselines(profile, group, global_batch)
+        if strategy != "auto":
+            baselines["dp"] = baseline_of(_dp(profile, group, excluded, global_batch))
+    return plan.with_baselines({**baselines, **plan.baselines})

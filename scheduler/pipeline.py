@@ -1,0 +1,578 @@
+"""Pipeline partitions (``pp``): uneven, contiguous block ranges on a chain of devices.
+
+A pipeline of ``p`` stages runs ``m`` micro-batches of ``b`` samples under the
+1F1B schedule (PipeDream-Flush: Narayanan et al., "Memory-Efficient
+Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks
+``[first, last)``; stage 0 also holds the embedding, the last stage the final
+norm and head. Per micro-batch, stage ``s`` on device ``d`` takes
+
+    t_s = Σ_pieces (fixed_s + b·per_sample_s)            (forward + backward)
+
+from the device's per-layer profile, and needs
+
+    mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
+
+because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
+micro-batches at once: early stages hold more, so the order of devices matters.
+A step takes ``Σ_s t_s + (m − 1)·max_s t_s`` (one micro-batch crosses every
+stage, the other ``m − 1`` leave at the bottleneck's pace; with balanced
+stages this is the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m``: Huang et
+al., GPipe, 2019), plus the activations forward and their gradients backward
+once over each stage boundary on the fill/drain path (later transfers overlap
+with compute), plus, for a tied embedding (GPT), an all-reduce of the
+embedding gradient between the first and the last stage.
+
+**Exact for a given order.** :func:`partition` minimises ``max_s t_s`` exactly
+by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
+t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
+(memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
+chain of identical blocks, so a stage's cost depends only on its block count).
+A second pass takes, among the min-max splits, the one with the least
+``Σ_s t_s``, which is then exactly optimal for the step-time formula above
+over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
+
+**Order and chain.** Devices are tried in a few orders and the best predicted
+step is kept: (1) memory descending, so the largest devices take the early,
+activation-heavy stages (ties: faster first); (2) grouped by node (nodes by
+total memory, then memory descending inside), so only one boundary crosses
+each node pair and activations travel the fast intra-node links; (3) speed
+descending. For each order the chain may leave devices out: it uses the ``k``
+fastest or the ``k`` largest devices (order kept) for every useful ``k``,
+since a slow stage or a longer bubble can cost more than it brings. Micro-batch
+sizes are tried over powers of two (and the whole batch); the global batch
+is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.cluster import Links
+from scheduler.costmodel import ceil_div, ring_allreduce_s
+from scheduler.errors import PlanError
+from scheduler.models import PRESETS
+from scheduler.plan import DevicePlan, Excluded, Plan
+from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile
+
+INF = math.inf
+MAX_CHAIN_LENGTHS = 12
+"""At most this many chain lengths are tried per order (all of them on small clusters)."""
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def _gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
+
+
+# --- the stage cost model --------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tied:
+    """A tied token embedding: the last stage keeps its own copy of the weight."""
+
+    state_bytes: int
+    """Model-state bytes of the copy the last stage adds (0 when the profile counts it)."""
+    gradient_bytes: int
+    """Bytes of its gradient, all-reduced between embedding and head holders each step."""
+
+
+def tied_embedding(profile: Profile) -> Tied:
+    """The tied embedding of ``profile``'s model, or zeros when its head is untied/unknown.
+
+    Measured layer profiles count the head's weight copy in ``head.static_bytes``;
+    analytic ones (from the presets) count only the final norm, so the copy is added.
+    """
+    preset = PRESETS.get(profile.model)
+    if preset is None or preset.family != "gpt":
+        return Tied(state_bytes=0, gradient_bytes=0)
+    params = preset.vocab_size * preset.d_model
+    grad_per_param = profile.gradient_bytes / preset.num_params if preset.num_params else 0.0
+    state = 16 * params if profile.source == "analytic" else 0
+    return Tied(state_bytes=state, gradient_bytes=int(params * grad_per_param))
+
+
+def _ends(lp: LayerProfile, *, first: bool, last: bool) -> LayerCost:
+    """The embedding and/or head a boundary stage holds besides its blocks."""
+    pieces = ([lp.embed] if first else []) + ([lp.head] if last else [])
+    return LayerCost(
+        fixed_s=sum(c.fixed_s for c in pieces),
+        per_sample_s=sum(c.per_sample_s for c in pieces),
+        static_bytes=sum(c.static_bytes for c in pieces),
+        per_sample_bytes=sum(c.per_sample_bytes for c in pieces),
+    )
+
+
+def stage_time_s(
+    lp: LayerProfile, num_blocks: int, micro_batch: int, *, first: bool, last: bool
+) -> float:
+    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks."""
+    ends = _ends(lp, first=first, last=last)
+    return (
+        ends.fixed_s
+        + num_blocks * lp.block.fixed_s
+        + micro_batch * (ends.per_sample_s + num_blocks * lp.block.per_sample_s)
+    )
+
+
+def stage_bytes(
+    lp: LayerProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int = 0,
+) -> int:
+    """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations."""
+    ends = _ends(lp, first=first, last=last)
+    states = ends.static_bytes + num_blocks * lp.block.static_bytes
+    if last and not first:
+        states += tied_state_bytes
+    act = ends.per_sample_bytes + num_blocks * lp.block.per_sample_bytes
+    return states + in_flight * micro_batch * act
+
+
+def layers_of(device: DeviceProfile) -> LayerProfile:
+    if device.layers is None:
+        raise PlanError(
+            f"profile: device {device.id} has no per-layer figures ('layers'); "
+            "re-profile, or plan with dp"
+        )
+    return device.layers
+
+
+def in_flight_1f1b(num_stages: int, num_micro_batches: int | None) -> list[int]:
+    """Micro-batches whose activations stage ``s`` holds at once under 1F1B.
+
+    >>> in_flight_1f1b(4, 8), in_flight_1f1b(4, 2), in_flight_1f1b(3, None)
+    ([4, 3, 2, 1], [2, 2, 2, 1], [3, 2, 1])
+    """
+    m = num_micro_batches if num_micro_batches is not None else num_stages
+    return [min(num_stages - s, m) for s in range(num_stages)]
+
+
+# --- the exact partition for a fixed order ---------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stage:
+    device: DeviceProfile
+    first: int
+    last: int
+    """Blocks ``[first, last)``."""
+    time_s: float
+    """Forward + backward of one (largest) micro-batch."""
+    peak_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chain:
+    """A partitioned pipeline: its stages in order and their micro-batch size."""
+
+    stages: tuple[Stage, ...]
+    micro_batch: int
+
+    @property
+    def slowest_s(self) -> float:
+        return max(s.time_s for s in self.stages)
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.time_s for s in self.stages)
+
+    def compute_s(self, num_micro_batches: int) -> float:
+        """1F1B step time without communication (module docstring)."""
+        if num_micro_batches <= 0:
+            return 0.0
+        return self.total_s + (num_micro_batches - 1) * self.slowest_s
+
+
+def _stage_arrays(
+    device: DeviceProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int,
+) -> FloatArray:
+    """Time of this stage for 0..num_blocks blocks, ``∞`` where memory does not fit."""
+    lp = layers_of(device)
+    k = np.arange(num_blocks + 1, dtype=np.float64)
+    ends = _ends(lp, first=first, last=last)
+    time = (
+        ends.fixed_s
+        + k * lp.block.fixed_s
+        + micro_batch * (ends.per_sample_s + k * lp.block.per_sample_s)
+    )
+    states = ends.static_bytes + k * lp.block.static_bytes
+    if last and not first:
+        states = states + tied_state_bytes
+    mem = states + in_flight * micro_batch * (ends.per_sample_bytes + k * lp.block.per_sample_bytes)
+    time[mem > device.capacity_bytes] = INF
+    if not first and not last:
+        time[0] = INF  # a middle stage without blocks would only forward tensors
+    return time
+
+
+def partition(
+    devices: Sequence[DeviceProfile],
+    *,
+    micro_batch: int,
+    in_flight: Sequence[int],
+    tied_state_bytes: int = 0,
+) -> Chain | None:
+    """Blocks per stage for ``devices`` in this order minimising the slowest stage.
+
+    Exact (module docstring); ``None`` when no split fits memory.
+    """
+    p = len(devices)
+    num_blocks = layers_of(devices[0]).num_blocks
+    for d in devices:
+        if layers_of(d).num_blocks != num_blocks:
+            raise PlanError(
+                f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
+                f"{devices[0].id} has {num_blocks}"
+            )
+    costs = [
+        _stage_arrays(
+            d,
+            num_blocks,
+            micro_batch,
+            in_flight=in_flight[s],
+            first=s == 0,
+            last=s == p - 1,
+            tied_state_bytes=tied_state_bytes,
+        )
+        for s, d in enumerate(devices)
+    ]
+    i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
+    span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
+    valid = span >= 0
+    span_c = np.where(valid, span, 0)
+
+    def step(prev: FloatArray, cost: FloatArray) -> FloatArray:
+        c = np.where(valid, cost[span_c], INF)
+        return np.asarray(np.maximum(prev[:, None], c).min(axis=0), dtype=np.float64)
+
+    # Pass 1: the min-max value T*.
+    f = np.full(num_blocks + 1, INF)
+    f[:] = costs[0]  # stage 0 covers [0, j)
+    for s in range(1, p):
+        f = step(f, costs[s])
+    best = float(f[num_blocks])
+    if p == 1:
+        best = float(costs[0][num_blocks])
+    if not math.isfinite(best):
+        return None
+    # Pass 2: least total time among splits whose every stage is within T*.
+    limit = best * (1 + 1e-12) + 1e-18
+    capped = [np.where(c <= limit, c, INF) for c in costs]
+    g = capped[0].copy()
+    choice: list[npt.NDArray[np.int64]] = []
+    for s in range(1, p):
+        c = np.where(valid, capped[s][span_c], INF)
+        total = g[:, None] + c
+        choice.append(np.asarray(total.argmin(axis=0), dtype=np.int64))
+        g = np.asarray(total.min(axis=0), dtype=np.float64)
+    bounds = [num_blocks]
+    for s in range(p - 1, 0, -1):
+        bounds.append(int(choice[s - 1][bounds[-1]]))
+    bounds.append(0)
+    bounds.reverse()
+    if p == 1:
+        bounds = [0, num_blocks]
+    stages = []
+    for s, d in enumerate(devices):
+        first_blk, last_blk = bounds[s], bounds[s + 1]
+        lp = layers_of(d)
+        flags = {"first": s == 0, "last": s == p - 1}
+        stages.append(
+            Stage(
+                device=d,
+                first=first_blk,
+                last=last_blk,
+                time_s=stage_time_s(lp, last_blk - first_blk, micro_batch, **flags),
+                peak_bytes=stage_bytes(
+                    lp,
+                    last_blk - first_blk,
+                    micro_batch,
+                    in_flight=in_flight[s],
+                    tied_state_bytes=tied_state_bytes,
+                    **flags,
+                ),
+            )
+        )
+    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+
+
+# --- communication ---------------------------------------------------------
+
+
+def link_gbps(links: Links, a: DeviceProfile, b: DeviceProfile) -> float:
+    return links.intra_node_gbps if a.node == b.node else links.inter_node_gbps
+
+
+def transfer_s(num_bytes: float, gbps: float) -> float:
+    return num_bytes * 8 / (gbps * 1e9)
+
+
+def boundary_s(chain: Chain, links: Links) -> float:
+    """Activations forward and gradients backward once across every boundary."""
+    total = 0.0
+    for a, b in zip(chain.stages, chain.stages[1:], strict=False):
+        lp = layers_of(a.device)
+        total += 2 * transfer_s(
+            chain.micro_batch * lp.boundary_bytes_per_sample, link_gbps(links, a.device, b.device)
+        )
+    return total
+
+
+def tied_sync_s(chain: Chain, links: Links, tied: Tied) -> float:
+    """All-reduce of the tied embedding gradient between the first and the last stage."""
+    if len(chain.stages) < 2 or tied.gradient_bytes == 0:
+        return 0.0
+    a, b = chain.stages[0].device, chain.stages[-1].device
+    return ring_allreduce_s(2, tied.gradient_bytes, link_gbps(links, a, b))
+
+
+# --- choosing the chain ----------------------------------------------------
+
+
+def speed_key(d: DeviceProfile) -> float:
+    """Seconds per sample of one block: lower is faster."""
+    lp = layers_of(d)
+    return lp.block.per_sample_s + lp.block.fixed_s / 64
+
+
+def candidate_orders(devices: Sequence[DeviceProfile]) -> list[tuple[DeviceProfile, ...]]:
+    """The device orders tried (module docstring), without duplicates."""
+    by_memory = sorted(devices, key=lambda d: (-d.capacity_bytes, speed_key(d), d.id))
+    node_memory: dict[str, int] = {}
+    for d in devices:
+        node_memory[d.node] = node_memory.get(d.node, 0) + d.capacity_bytes
+    by_node = sorted(
+        devices, key=lambda d: (-node_memory[d.node], d.node, -d.capacity_bytes, speed_key(d), d.id)
+    )
+    by_speed = sorted(devices, key=lambda d: (speed_key(d), -d.capacity_bytes, d.id))
+    orders: list[tuple[DeviceProfile, ...]] = []
+    for order in (by_memory, by_node, by_speed):
+        if tuple(order) not in orders:
+            orders.append(tuple(order))
+    return orders
+
+
+def chain_lengths(num_devices: int, num_blocks: int) -> list[int]:
+    """Useful pipeline lengths: each middle stage needs a block."""
+    top = min(num_devices, num_blocks + 2)
+    if top <= MAX_CHAIN_LENGTHS:
+        return list(range(1, top + 1))
+    picks = {round(top ** (i / (MAX_CHAIN_LENGTHS - 1))) for i in range(MAX_CHAIN_LENGTHS)}
+    return sorted(x for x in picks | {1, top} if 1 <= x <= top)
+
+
+def sub_chains(order: Sequence[DeviceProfile], length: int) -> list[tuple[DeviceProfile, ...]]:
+    """The ``length`` fastest and the ``length`` largest devices of ``order``, order kept."""
+    out: list[tuple[DeviceProfile, ...]] = []
+    for key in (speed_key, lambda d: -d.capacity_bytes):
+        chosen = {d.id for d in sorted(order, key=key)[:length]}
+        sub = tuple(d for d in order if d.id in chosen)
+        if sub not in out:
+            out.append(sub)
+    return out
+
+
+def micro_batch_candidates(global_batch: int) -> list[int]:
+    """Micro-batch sizes tried: powers of two below the batch, and the batch itself."""
+    sizes = {global_batch}
+    b = 1
+    while b < global_batch:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+def balanced_count(global_batch: int, micro_batch: int) -> tuple[int, int]:
+    """``(m, largest micro-batch)``: ``global_batch`` cut into pieces of <= ``micro_batch``."""
+    m = ceil_div(global_batch, micro_batch)
+    return m, ceil_div(global_batch, m)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineChoice:
+    chain: Chain
+    num_micro_batches: int
+    compute_s: float
+    comm_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def best_pipeline(
+    devices: Sequence[DeviceProfile], global_batch: int, *, links: Links, tied: Tied
+) -> PipelineChoice | None:
+    """The fastest single pipeline over (a subset of) ``devices`` for ``global_batch``."""
+    num_blocks = layers_of(devices[0]).num_blocks
+    seen: set[tuple[str, ...]] = set()
+    best: PipelineChoice | None = None
+    for order in candidate_orders(devices):
+        for length in chain_lengths(len(order), num_blocks):
+            for sub in sub_chains(order, length):
+                key = tuple(d.id for d in sub)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for size in micro_batch_candidates(global_batch):
+                    m, micro = balanced_count(global_batch, size)
+                    chain = partition(
+                        sub,
+                        micro_batch=micro,
+                        in_flight=in_flight_1f1b(length, m),
+                        tied_state_bytes=tied.state_bytes,
+                    )
+                    if chain is None:
+                        continue
+                    choice = PipelineChoice(
+                        chain=chain,
+                        num_micro_batches=m,
+                        compute_s=chain.compute_s(m),
+                        comm_s=boundary_s(chain, links) + tied_sync_s(chain, links, tied),
+                    )
+                    if best is None or choice.step_s < best.step_s:
+                        best = choice
+    return best
+
+
+def stage_plans(
+    chain: Chain, *, pipeline: int, samples: int, num_micro_batches: int, offset: int
+) -> list[DevicePlan]:
+    """Plan entries of one pipeline's devices (each processes all ``samples``)."""
+    out = []
+    for s, st in enumerate(chain.stages):
+        lp = layers_of(st.device)
+        k = st.last - st.first
+        flags = {"first": s == 0, "last": s == len(chain.stages) - 1}
+        busy = (
+            num_micro_batches * stage_time_s(lp, k, 0, **flags)
+            + samples * stage_time_s(lp, k, 1, **flags)
+            - samples * stage_time_s(lp, k, 0, **flags)
+        )
+        out.append(
+            DevicePlan(
+                id=st.device.id,
+                samples=samples,
+                micro_batch=chain.micro_batch,
+                accum_steps=num_micro_batches,
+                busy_s=busy,
+                peak_bytes=st.peak_bytes,
+                offset=offset,
+                layers=(st.first, st.last),
+                stage=s,
+                pipeline=pipeline,
+            )
+        )
+    return out
+
+
+def exclusion_reason(device: DeviceProfile, tied: Tied) -> str:
+    """Why ``device`` is left out of every pipeline."""
+    lp = layers_of(device)
+    smallest = min(
+        lp.block.static_bytes + lp.block.per_sample_bytes,
+        lp.embed.static_bytes + lp.embed.per_sample_bytes,
+        lp.head.static_bytes + tied.state_bytes + lp.head.per_sample_bytes,
+    )
+    if smallest > device.capacity_bytes:
+        return (
+            f"even the smallest stage piece needs {_gb(smallest)} with one sample, "
+            f"capacity {_gb(device.capacity_bytes)}"
+        )
+    return "idle: the pipeline is predicted faster without it"
+
+
+def no_fit_message(devices: Sequence[DeviceProfile], tied: Tied) -> str:
+    """Why not even one sample fits a pipeline over all of ``devices``."""
+    lp = layers_of(devices[0])
+    states = (
+        lp.embed.static_bytes
+        + lp.num_blocks * lp.block.static_bytes
+        + lp.head.static_bytes
+        + tied.state_bytes
+    )
+    act = (
+        lp.embed.per_sample_bytes
+        + lp.num_blocks * lp.block.per_sample_bytes
+        + lp.head.per_sample_bytes
+    )
+    capacity = sum(d.capacity_bytes for d in devices)
+    return (
+        f"no pipeline over {len(devices)} devices fits: model states {_gb(states)} plus "
+        f"{_gb(act)} of activations per sample (held for several micro-batches under 1F1B) "
+        f"against {_gb(capacity)} of capacity in total, spread over devices that must "
+        "each hold whole blocks"
+    )
+
+
+def layer_usable(profile: Profile) -> list[DeviceProfile]:
+    usable = [d for d in profile.devices if d.layers is not None]
+    if not usable:
+        raise PlanError(
+            "profile: no device has per-layer figures ('layers'); pipeline plans "
+            "need them: re-profile or use an analytic profile"
+        )
+    return usable
+
+
+def plan_pp(profile: Profile, global_batch: int) -> Plan:
+    """One pipeline, uneven stages, 1F1B (module docstring)."""
+    from scheduler.planner import check_global_batch
+
+    check_global_batch(global_batch)
+    usable = layer_usable(profile)
+    tied = tied_embedding(profile)
+    choice = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
+    if choice is None:
+        raise PlanError(no_fit_message(usable, tied))
+    entries = stage_plans(
+        choice.chain,
+        pipeline=0,
+        samples=global_batch,
+        num_micro_batches=choice.num_micro_batches,
+        offset=0,
+    )
+    used = {e.id for e in entries}
+    excluded = [
+        Excluded(id=d.id, reason="no per-layer figures in the profile")
+        for d in profile.devices
+        if d.layers is None
+    ]
+    excluded += [
+        Excluded(id=d.id, reason=exclusion_reason(d, tied)) for d in usable if d.id not in used
+    ]
+    p, m = len(entries), choice.num_micro_batches
+    notes = (
+        f"pp: {p} stages, {m} micro-batches of <= {choice.chain.micro_batch}, "
+        f"bubble {(p - 1) / m:.0%}, stages "
+        + ", ".join(f"{st.device.id} [{st.first},{st.last})" for st in choice.chain.stages),
+    )
+    return Plan(
+        strategy="pp",
+        global_batch=global_batch,
+        predicted_step_s=choice.step_s,
+        compute_s=choice.compute_s,
+        comm_s=choice.comm_s,
+        devices=tuple(entries),
+        excluded=tuple(excluded),
+        notes=notes,
+    )

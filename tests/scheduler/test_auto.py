@@ -1,0 +1,68 @@
+"""``auto``: the fastest feasible strategy, with notes that say why."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.auto import PREFERENCE_MARGIN
+from scheduler.cluster import parse_cluster
+from scheduler.errors import PlanError
+from scheduler.models import get_preset
+from scheduler.planner import STRATEGIES, make_plan
+from scheduler.profile import analytic_profile
+
+MIXED = {
+    "name": "mixed",
+    "nodes": [
+        {"name": "a", "devices": [{"type": "A100-80GB", "count": 2}]},
+        {
+            "name": "b",
+            "devices": [{"type": "T4-16GB", "count": 2}, {"type": "L4-24GB", "count": 2}],
+        },
+    ],
+}
+
+
+def test_strategies_offered():
+    assert STRATEGIES[0] == "auto"
+    assert {"dp", "even", "proportional", "pp", "hybrid"} <= set(STRATEGIES)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "gpt2-small", "gpt2-large", "gpt2-xl"])
+def test_auto_picks_the_fastest(model: str):
+    profile = analytic_profile(parse_cluster(MIXED), get_preset(model))
+    plan = make_plan(profile, 64, "auto")
+    candidates = {}
+    for name in ("dp", "pp", "hybrid"):
+        try:
+            candidates[name] = make_plan(profile, 64, name).predicted_step_s
+        except PlanError:
+            continue
+    assert plan.strategy in candidates
+    assert plan.predicted_step_s == pytest.approx(candidates[plan.strategy])
+    assert plan.predicted_step_s <= min(candidates.values()) * (1 + PREFERENCE_MARGIN)
+    assert plan.notes[0].startswith("auto considered:")
+    for name in candidates:
+        assert name in plan.notes[0]
+        assert plan.baselines[name].predicted_step_s == pytest.approx(candidates[name])
+    assert plan.notes[1].startswith(f"{plan.strategy} wins")
+
+
+def test_auto_chooses_a_pipeline_when_the_model_does_not_fit_small_devices():
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"))
+    plan = make_plan(profile, 64, "auto")
+    assert plan.strategy in ("pp", "hybrid")
+    assert len(plan.active) == 6
+    assert "dp uses 2" in plan.notes[1]
+
+
+def test_auto_reports_every_infeasible_strategy():
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("llama-13b"))
+    with pytest.raises(PlanError, match="dp: .*pp: .*hybrid: "):
+        make_plan(profile, 8, "auto")
+
+
+def test_unknown_strategy_lists_auto():
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt-tiny"))
+    with pytest.raises(PlanError, match="allowed: auto, dp"):
+        make_plan(profile, 8, "magic")
