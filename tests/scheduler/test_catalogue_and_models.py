@@ -1,0 +1,150 @@
+"""The GPU catalogue and the model presets' analytic sizes against published figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.catalogue import CATALOGUE, GIB, known_types, lookup
+from scheduler.errors import HetschedError
+from scheduler.models import PRESETS, ModelPreset, get_preset
+
+REQUIRED_GPUS = [
+    "H200-141GB",
+    "H100-80GB",
+    "A100-80GB",
+    "A100-40GB",
+    "L40S-48GB",
+    "A10G-24GB",
+    "L4-24GB",
+    "V100-32GB",
+    "V100-16GB",
+    "T4-16GB",
+    "RTX4090-24GB",
+    "RTX3090-24GB",
+]
+
+
+def test_catalogue_has_the_required_gpus_with_figures_and_sources() -> None:
+    assert len(CATALOGUE) >= 12
+    for key in REQUIRED_GPUS:
+        assert key in CATALOGUE, key
+    for key, gpu in CATALOGUE.items():
+        assert gpu.key == key
+        assert gpu.peak_tflops > 0 and gpu.memory_gb > 0 and gpu.bandwidth_gbps > 0, key
+        assert len(gpu.source) > 10, f"{key} cites where its figures come from"
+        assert str(round(gpu.memory_gb)) in key, f"{key}: key is MODEL-MEMORY"
+
+
+def test_catalogue_figures_match_datasheets() -> None:
+    # Dense bf16/fp16 tensor TFLOP/s and memory from the vendors' datasheets.
+    assert lookup("H100-80GB").peak_tflops == pytest.approx(989, rel=0.01)
+    assert lookup("A100-80GB").peak_tflops == pytest.approx(312, rel=0.01)
+    assert lookup("V100-16GB").peak_tflops == pytest.approx(125, rel=0.01)
+    assert lookup("T4-16GB").peak_tflops == pytest.approx(65, rel=0.01)
+    assert lookup("H200-141GB").memory_gb == 141
+    assert lookup("A100-40GB").memory_bytes == 40 * GIB
+    speeds = [lookup(k).peak_tflops for k in ("H100-80GB", "A100-80GB", "V100-32GB", "T4-16GB")]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+@pytest.mark.parametrize("written", ["h100-80gb", "H100-80GB", "  H100-80gb "])
+def test_lookup_is_case_insensitive(written: str) -> None:
+    assert lookup(written).key == "H100-80GB"
+
+
+def test_lookup_unknown_raises_key_error() -> None:
+    with pytest.raises(KeyError):
+        lookup("H100")
+    assert known_types() == list(CATALOGUE)
+
+
+# Parameter counts of the released checkpoints (GPT-2: Hugging Face transformers
+# reports these for gpt2, gpt2-medium, gpt2-large, gpt2-xl; Llama 2: Touvron et al.).
+PUBLISHED_PARAMS = {
+    "gpt2-small": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "llama-7b": 6_738_415_616,
+    "llama-13b": 13_015_864_320,
+}
+
+
+@pytest.mark.parametrize(("name", "params"), PUBLISHED_PARAMS.items())
+def test_parameter_counts_match_published_sizes(name: str, params: int) -> None:
+    assert get_preset(name).num_params == params
+
+
+def test_gpt_tiny_trains_on_a_cpu() -> None:
+    tiny = get_preset("gpt-tiny")
+    assert tiny.vocab_size == 256 and tiny.d_model <= 256 and tiny.num_layers <= 6
+    assert tiny.num_params < 2_000_000
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"])
+def test_flops_match_megatron_formula(name: str) -> None:
+    # Narayanan et al. (2021), eq. 3 per sample: 72·s·l·h²·(1 + s/(6h) + V/(12·h·l)).
+    # It leaves out biases, which we count: 54·s·l·h more, under 0.1 % for h >= 768.
+    m = get_preset(name)
+    s, h, layers, v = m.seq_len, m.d_model, m.num_layers, m.vocab_size
+    megatron = 72 * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * h * layers))
+    assert m.flops_per_sample == pytest.approx(megatron, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["gpt2-medium", "gpt2-large", "gpt2-xl", "llama-7b", "llama-13b"])
+def test_flops_are_about_six_n_per_token_for_large_models(name: str) -> None:
+    # Kaplan et al. (2020): C ≈ 6·N per token; attention scores add 4·s²·h per layer
+    # forward, within 20 % of 6·N·s at these sizes.
+    m = get_preset(name)
+    ratio = m.flops_per_sample / (6 * m.num_params * m.seq_len)
+    assert 1.0 <= ratio <= 1.2
+
+
+def test_memory_formulas() -> None:
+    m = get_preset("gpt2-small")
+    assert m.model_state_bytes == 16 * m.num_params  # ZeRO: mixed-precision AdamW
+    assert m.gradient_bytes == 2 * m.num_params
+    s, h, a = m.seq_len, m.d_model, m.num_heads
+    # Korthikanti et al. (2022), eq. 1, micro-batch 1, no tensor parallelism.
+    assert m.activation_bytes_per_sample_per_layer == s * h * (34 + 5 * a * s / h)
+    assert m.activation_bytes_per_sample > m.num_layers * m.activation_bytes_per_sample_per_layer
+    # Logits dominate the head: fp32, seq x vocab.
+    assert m.head_activation_bytes_per_sample >= 4 * s * m.vocab_size
+
+
+def test_sizes_grow_with_the_model() -> None:
+    order = ["gpt-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+    for attr in ("num_params", "flops_per_sample", "activation_bytes_per_sample"):
+        values = [getattr(get_preset(n), attr) for n in order]
+        assert values == sorted(values), attr
+
+
+def test_get_preset_is_case_insensitive_and_lists_known_on_error() -> None:
+    assert get_preset(" GPT2-Small ") is PRESETS["gpt2-small"]
+    with pytest.raises(HetschedError, match=r"model: unknown preset 'gpt5'; known: gpt-tiny"):
+        get_preset("gpt5")
+
+
+def test_invalid_preset_shape_names_the_field() -> None:
+    with pytest.raises(HetschedError, match="model.d_model: 100 must be divisible by num_heads 3"):
+        ModelPreset(
+            name="x",
+            family="gpt",
+            num_layers=1,
+            d_model=100,
+            num_heads=3,
+            d_ff=4,
+            vocab_size=8,
+            seq_len=8,
+        )
+    with pytest.raises(HetschedError, match="model.num_layers: must be >= 1, got 0"):
+        ModelPreset(
+            name="x",
+            family="gpt",
+            num_layers=0,
+            d_model=8,
+            num_heads=2,
+            d_ff=4,
+            vocab_size=8,
+            seq_len=8,
+        )

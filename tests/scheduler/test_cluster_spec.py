@@ -1,0 +1,231 @@
+"""Cluster specs: what a user's YAML becomes, and what every mistake in it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduler.catalogue import GIB
+from scheduler.cluster import cluster_to_dict, load_cluster, parse_cluster
+from scheduler.errors import SpecError
+
+DESIGN_EXAMPLE = """
+name: mixed-lab
+nodes:
+  - name: node-a
+    devices:
+      - type: A100-80GB
+        count: 2
+  - name: node-b
+    devices:
+      - type: T4-16GB
+        count: 2
+        memory_gb: 15
+links:
+  intra_node_gbps: 600
+  inter_node_gbps: 100
+simulation:
+  memory_scale: 0.001
+"""
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    """A valid two-node spec, with top-level keys replaced by ``overrides``."""
+    data: dict[str, Any] = {
+        "name": "t",
+        "nodes": [
+            {"name": "a", "devices": [{"type": "A100-80GB", "count": 2}]},
+            {"name": "b", "devices": [{"type": "T4-16GB"}]},
+        ],
+    }
+    data.update(overrides)
+    return data
+
+
+def spec_error(data: Any) -> str:
+    with pytest.raises(SpecError) as info:
+        parse_cluster(data)
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+def test_design_example_parses_into_devices_named_node_slash_index() -> None:
+    cluster = parse_cluster(yaml.safe_load(DESIGN_EXAMPLE))
+    assert cluster.name == "mixed-lab"
+    assert cluster.ids == ["node-a/0", "node-a/1", "node-b/0", "node-b/1"]
+    assert cluster.nodes == ["node-a", "node-b"]
+    t4 = cluster.device("node-b/1")
+    assert (t4.node, t4.index, t4.type) == ("node-b", 1, "T4-16GB")
+    assert t4.memory_gb == 15, "memory_gb overrides the catalogue's 16"
+    assert t4.memory_bytes == 15 * GIB
+    assert cluster.device("node-a/0").memory_gb == 80
+    assert cluster.links.inter_node_gbps == 100
+    assert cluster.simulation.memory_scale == 0.001
+
+
+def test_indices_count_across_a_nodes_device_entries() -> None:
+    data = spec(
+        nodes=[{"name": "n", "devices": [{"type": "L4-24GB", "count": 2}, {"type": "T4-16GB"}]}]
+    )
+    cluster = parse_cluster(data)
+    assert [(d.id, d.type) for d in cluster.devices] == [
+        ("n/0", "L4-24GB"),
+        ("n/1", "L4-24GB"),
+        ("n/2", "T4-16GB"),
+    ]
+
+
+@pytest.mark.parametrize("written", ["a100-80gb", "A100-80gb", " a100-80GB "])
+def test_gpu_types_match_case_insensitively_and_become_canonical(written: str) -> None:
+    cluster = parse_cluster(spec(nodes=[{"name": "n", "devices": [{"type": written}]}]))
+    assert cluster.devices[0].type == "A100-80GB"
+
+
+def test_defaults_when_optional_sections_are_absent() -> None:
+    cluster = parse_cluster(spec())
+    assert cluster.links.intra_node_gbps > cluster.links.inter_node_gbps > 0
+    assert cluster.simulation.memory_scale > 0
+    assert len(cluster.devices) == 3, "count defaults to 1"
+
+
+def test_unknown_type_lists_the_known_ones() -> None:
+    data = spec(nodes=[{"name": "n", "devices": [{"type": "GTX1080-8GB"}]}])
+    message = spec_error(data)
+    assert message.startswith("nodes[0].devices[0].type: unknown GPU type 'GTX1080-8GB'")
+    for key in ("H100-80GB", "A100-40GB", "T4-16GB", "RTX4090-24GB"):
+        assert key in message
+
+
+def test_missing_type_names_the_field() -> None:
+    message = spec_error(spec(nodes=[{"name": "n", "devices": [{"count": 2}]}]))
+    assert message.startswith("nodes[0].devices[0].type: required")
+
+
+def test_duplicate_node_names() -> None:
+    nodes = [{"name": "a", "devices": [{"type": "L4-24GB"}]}] * 2
+    message = spec_error(spec(nodes=nodes))
+    assert message.startswith("nodes[1].name: duplicate node name 'a'")
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, "two", True, None])
+def test_count_must_be_an_integer_of_at_least_one(count: Any) -> None:
+    message = spec_error(
+        spec(nodes=[{"name": "n", "devices": [{"type": "L4-24GB", "count": count}]}])
+    )
+    assert message.startswith("nodes[0].devices[0].count: must be an integer >= 1")
+    assert repr(count) in message
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (spec(gpus=3), "gpus"),
+        (
+            spec(nodes=[{"name": "n", "gpus": [], "devices": [{"type": "L4-24GB"}]}]),
+            "nodes[0].gpus",
+        ),
+        (
+            spec(nodes=[{"name": "n", "devices": [{"type": "L4-24GB", "mem": 3}]}]),
+            "nodes[0].devices[0].mem",
+        ),
+        (spec(links={"inter_gbps": 3}), "links.inter_gbps"),
+        (spec(simulation={"scale": 3}), "simulation.scale"),
+    ],
+)
+def test_unknown_keys_are_named_with_the_allowed_ones(data: Any, field: str) -> None:
+    message = spec_error(data)
+    assert message.startswith(f"{field}: unknown key; allowed: ")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (["a", "b"], "cluster: must be a mapping"),
+        (None, "cluster: must be a mapping"),
+        (spec(nodes="node-a"), "nodes: must be a non-empty list"),
+        (spec(nodes=[]), "nodes: must be a non-empty list"),
+        (spec(nodes=["node-a"]), "nodes[0]: must be a mapping"),
+        (
+            spec(nodes=[{"name": "n", "devices": ["T4-16GB"]}]),
+            "nodes[0].devices[0]: must be a mapping",
+        ),
+        (spec(nodes=[{"name": "n", "devices": []}]), "nodes[0].devices: must be a non-empty list"),
+        (spec(nodes=[{"name": "n"}]), "nodes[0].devices: must be a non-empty list"),
+        (spec(links=[600, 100]), "links: must be a mapping"),
+        (spec(name=""), "name: must be a non-empty string"),
+    ],
+)
+def test_wrong_shapes_name_the_field(data: Any, field: str) -> None:
+    assert spec_error(data).startswith(field)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", 7, None])
+def test_node_names_must_be_plain_strings(name: Any) -> None:
+    message = spec_error(spec(nodes=[{"name": name, "devices": [{"type": "L4-24GB"}]}]))
+    assert message.startswith("nodes[0].name:")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (
+            spec(nodes=[{"name": "n", "devices": [{"type": "T4-16GB", "memory_gb": 0}]}]),
+            "nodes[0].devices[0].memory_gb",
+        ),
+        (
+            spec(nodes=[{"name": "n", "devices": [{"type": "T4-16GB", "memory_gb": "lots"}]}]),
+            "nodes[0].devices[0].memory_gb",
+        ),
+        (spec(links={"inter_node_gbps": -5}), "links.inter_node_gbps"),
+        (spec(links={"intra_node_gbps": "fast"}), "links.intra_node_gbps"),
+        (spec(simulation={"memory_scale": 0}), "simulation.memory_scale"),
+    ],
+)
+def test_bad_numbers_name_the_field_and_the_value(data: Any, field: str) -> None:
+    message = spec_error(data)
+    assert message.startswith(f"{field}: must be a number >=")
+    assert "got" in message
+
+
+def test_load_cluster_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    path.write_text(DESIGN_EXAMPLE)
+    assert len(load_cluster(path).devices) == 4
+
+
+def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nnodes:\n  - name: [unclosed\n")
+    with pytest.raises(SpecError, match=r"broken\.yaml is not valid YAML at line \d+"):
+        load_cluster(path)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"cluster: cannot read .*missing\.yaml"):
+        load_cluster(tmp_path / "missing.yaml")
+    with pytest.raises(SpecError, match="cannot read"):
+        load_cluster(tmp_path)  # a directory
+
+
+def test_empty_file_is_not_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    with pytest.raises(SpecError, match="cluster: must be a mapping"):
+        load_cluster(path)
+
+
+def test_cluster_to_dict_round_trips() -> None:
+    cluster = parse_cluster(yaml.safe_load(DESIGN_EXAMPLE))
+    again = parse_cluster(yaml.safe_load(yaml.safe_dump(cluster_to_dict(cluster))))
+    assert again == cluster
+
+
+def test_subset_and_unknown_device_id() -> None:
+    cluster = parse_cluster(yaml.safe_load(DESIGN_EXAMPLE))
+    assert cluster.subset(["node-b/1", "node-a/0"]).ids == ["node-a/0", "node-b/1"]
+    with pytest.raises(SpecError, match=r"device: unknown id 'node-c/0'; known: node-a/0"):
+        cluster.subset(["node-c/0"])

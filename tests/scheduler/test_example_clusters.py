@@ -1,0 +1,35 @@
+"""Every cluster spec shipped in deploy/clusters loads and plans GPT-2 small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.cluster import load_cluster
+from scheduler.models import get_preset
+from scheduler.planner import make_plan
+from scheduler.profile import analytic_profile
+
+CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"
+SPECS = sorted(CLUSTERS.glob("*.yaml"))
+
+
+def test_the_examples_are_there() -> None:
+    names = {p.name for p in SPECS}
+    assert {"local-sim.yaml", "mixed-lab.yaml"} <= names
+    assert len(names) >= 4
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_example_plans_gpt2_small(path: Path) -> None:
+    cluster = load_cluster(path)
+    assert len({d.type for d in cluster.devices}) >= 2, "examples are mixed clusters"
+    profile = analytic_profile(cluster, get_preset("gpt2-small"))
+    global_batch = 16 * len(cluster.devices) + 3  # deliberately not divisible
+    plan = make_plan(profile, global_batch, "dp")
+    assert sum(d.samples for d in plan.devices) == global_batch
+    for entry in plan.devices:
+        assert entry.peak_bytes <= profile.device(entry.id).capacity_bytes
+    for baseline in plan.baselines.values():
+        assert plan.predicted_samples_per_s >= baseline.predicted_samples_per_s
