@@ -1,0 +1,55 @@
+"""``hetsched gpus``: the GPU catalogue that cluster specs and analytic profiles draw on.
+
+hetsched gpus           a table: key, name, TFLOP/s, memory, bandwidth, source
+hetsched gpus --json    the same as a JSON list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from api.commands.plan import format_table
+from scheduler.catalogue import CATALOGUE
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "gpus",
+        help="list the GPU catalogue (keys for cluster specs)",
+        description="GPU types a cluster spec may name (any case), with the peak dense "
+        "bf16/fp16 tensor TFLOP/s, memory and bandwidth analytic profiles use.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    gpus = list(CATALOGUE.values())
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "key": g.key,
+                        "name": g.name,
+                        "peak_tflops": g.peak_tflops,
+                        "memory_gb": g.memory_gb,
+                        "bandwidth_gbps": g.bandwidth_gbps,
+                        "source": g.source,
+                    }
+                    for g in gpus
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    headers = ["KEY", "NAME", "TFLOP/S", "MEMORY GB", "BANDWIDTH GB/S", "SOURCE"]
+    rows = [
+        [g.key, g.name, f"{g.peak_tflops:g}", f"{g.memory_gb:g}", f"{g.bandwidth_gbps:g}", g.source]
+        for g in gpus
+    ]
+    print(format_table(headers, rows, right={2, 3, 4}))
+    print("\nTFLOP/s: peak dense bf16/fp16 tensor math (fp32 accumulate), vendor figures.")
+    return 0

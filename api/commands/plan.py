@@ -1,0 +1,184 @@
+"""``hetsched plan``: plan a split of the global batch, offline and in milliseconds.
+
+    hetsched plan --cluster deploy/clusters/mixed-lab.yaml --model gpt2-small --global-batch 64
+    hetsched plan --profile profile.json --global-batch 64 --strategy proportional --json
+
+With ``--cluster`` the profile is analytic (GPU catalogue × model preset ×
+``--efficiency``); with ``--profile`` it is a measured (or saved) profile. The
+default output is a table with the predicted step time against the ``even``
+and ``proportional`` baselines; ``--json`` prints the plan document of
+DESIGN.md and nothing else. Only ``scheduler/`` is imported: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler.cluster import load_cluster
+from scheduler.errors import HetschedError
+from scheduler.models import PRESETS, get_preset
+from scheduler.plan import Plan
+from scheduler.planner import STRATEGIES, make_plan
+from scheduler.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
+
+BAR_WIDTH = 20
+GB = 1e9
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan per-device batches for a cluster spec or a profile (no cluster needed)",
+        description="Plan an uneven split of the global batch and compare it with the "
+        "even (DDP) and proportional baselines.",
+    )
+    parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
+    parser.add_argument(
+        "--model", metavar="PRESET", help=f"model preset with --cluster: {', '.join(PRESETS)}"
+    )
+    parser.add_argument("--profile", metavar="FILE", help="measured or saved profile (JSON)")
+    parser.add_argument(
+        "--global-batch", type=int, required=True, metavar="N", help="samples per step (>= 1)"
+    )
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, default="dp", help="planner (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--efficiency",
+        type=float,
+        metavar="F",
+        help=f"with --cluster: share of peak FLOP/s reached (default {DEFAULT_EFFICIENCY})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan JSON only")
+    parser.set_defaults(run=run)
+
+
+def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
+    """The profile the user asked for, and a one-line description of it."""
+    if args.cluster and args.profile:
+        raise HetschedError("--cluster and --profile: give one of them, not both")
+    if args.profile:
+        if args.model or args.efficiency is not None:
+            flag = "--model" if args.model else "--efficiency"
+            raise HetschedError(f"{flag}: only with --cluster (a profile carries its own figures)")
+        profile = load_profile(args.profile)
+        return profile, f"{profile.source} profile {Path(args.profile).name}"
+    if not args.cluster:
+        raise HetschedError("give --cluster FILE --model PRESET, or --profile FILE")
+    if not args.model:
+        raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
+    cluster = load_cluster(args.cluster)
+    efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+    profile = analytic_profile(cluster, get_preset(args.model), efficiency=efficiency)
+    return profile, f"cluster {cluster.name}, analytic at {efficiency:.0%} of peak"
+
+
+def run(args: argparse.Namespace) -> int:
+    profile, source = _load_profile(args)
+    if args.global_batch < 1:
+        raise HetschedError(f"--global-batch: must be >= 1, got {args.global_batch}")
+    plan = make_plan(profile, args.global_batch, args.strategy)
+    if args.json:
+        print(plan.to_json())
+    else:
+        print(render(plan, profile, source=source))
+    return 0
+
+
+# --- the table ----------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    """Columns padded to their widest cell; indices in ``right`` align right."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.3f} s"
+
+
+def _bar(fraction: float) -> str:
+    full, empty = ("█", "░") if _unicode_ok() else ("#", ".")
+    filled = round(fraction * BAR_WIDTH)
+    return full * filled + empty * (BAR_WIDTH - filled)
+
+
+def _unicode_ok() -> bool:
+    try:
+        "█░".encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def render(plan: Plan, profile: Profile, *, source: str) -> str:
+    """The human-readable plan: devices, exclusions, then the comparison."""
+    has_layers = any(d.layers is not None for d in plan.devices)
+    headers = ["DEVICE", "TYPE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "MEMORY (USE/CAPACITY)"]
+    if has_layers:
+        headers[2:2] = ["PIPE", "STAGE", "LAYERS"]
+    headers.append("SHARE OF BATCH")
+    rows = []
+    for d in plan.devices:
+        device = profile.device(d.id)
+        capacity = device.capacity_bytes
+        memory = f"{d.peak_bytes / GB:.1f}/{capacity / GB:.1f} GB"
+        memory += f" ({d.peak_bytes / capacity:.0%})" if capacity else ""
+        share = d.samples / plan.global_batch
+        row = [d.id, device.type, str(d.samples), str(d.micro_batch), str(d.accum_steps)]
+        if has_layers:
+            pipe = "" if d.pipeline is None else str(d.pipeline)
+            stage = "" if d.stage is None else str(d.stage)
+            layers = "" if d.layers is None else f"[{d.layers[0]},{d.layers[1]})"
+            row[2:2] = [pipe, stage, layers]
+        row += [_seconds(d.busy_s), memory, f"{_bar(share)} {share:5.1%}"]
+        rows.append(row)
+    right = {i for i, h in enumerate(headers) if h in {"SAMPLES", "MICRO", "ACCUM", "BUSY"}}
+    lines = [
+        f"{plan.strategy} plan for {profile.model}: global batch {plan.global_batch} on "
+        f"{len(profile.devices)} devices ({source})",
+        "",
+        format_table(headers, rows, right),
+    ]
+    if plan.excluded:
+        lines += ["", "Excluded:"]
+        width = max(len(e.id) for e in plan.excluded)
+        lines += [f"  {e.id.ljust(width)}  {e.reason}" for e in plan.excluded]
+    lines += ["", *_summary(plan)]
+    lines += [f"Note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def _summary(plan: Plan) -> list[str]:
+    out = [
+        f"Predicted step {_seconds(plan.predicted_step_s)} (compute {_seconds(plan.compute_s)}"
+        f" + all-reduce {_seconds(plan.comm_s)}): {plan.predicted_samples_per_s:,.1f} samples/s"
+    ]
+    others = {k: b for k, b in plan.baselines.items() if k != plan.strategy}
+    if not others:
+        return out
+    width = max(len(k) for k in others)
+    for name, base in others.items():
+        speedup = base.predicted_step_s / plan.predicted_step_s if plan.predicted_step_s else 0
+        if abs(speedup - 1) < 0.005:
+            verdict = "same speed"
+        else:
+            verdict = f"{speedup:.2f}x {'faster' if speedup > 1 else 'slower'}"
+        out.append(
+            f"  vs {name.ljust(width)}  {_seconds(base.predicted_step_s):>9}  "
+            f"{base.predicted_samples_per_s:>12,.1f} samples/s  {plan.strategy}: {verdict}"
+        )
+    return out

@@ -1,0 +1,194 @@
+"""``hetsched plan`` and ``hetsched gpus`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from scheduler.catalogue import CATALOGUE
+from scheduler.cluster import load_cluster
+from scheduler.models import get_preset
+from scheduler.planner import STRATEGIES, make_plan
+from scheduler.profile import analytic_profile, save_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+MIXED_LAB = ROOT / "deploy" / "clusters" / "mixed-lab.yaml"
+HETSCHED = Path(sys.executable).parent / "hetsched"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_gpus_table_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "gpus")
+    assert code == 0 and err == ""
+    header = out.splitlines()[0]
+    for column in ("KEY", "NAME", "TFLOP/S", "MEMORY", "BANDWIDTH", "SOURCE"):
+        assert column in header
+    for key, gpu in CATALOGUE.items():
+        (line,) = [row for row in out.splitlines() if row.startswith(key + " ")]
+        assert gpu.name in line and gpu.source in line and f"{gpu.peak_tflops:g}" in line
+
+
+def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "gpus", "--json")
+    assert code == 0
+    gpus = json.loads(out)
+    assert [g["key"] for g in gpus] == list(CATALOGUE)
+    h100 = next(g for g in gpus if g["key"] == "H100-80GB")
+    assert h100["peak_tflops"] == 989.0 and h100["memory_gb"] == 80 and h100["source"]
+
+
+def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64")
+    code, out, err = run_cli(capsys, "plan", *args)
+    assert code == 0 and err == ""
+    plan = make_plan(analytic_profile(load_cluster(MIXED_LAB), get_preset("gpt2-small")), 64)
+    for column in ("DEVICE", "TYPE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "MEMORY", "SHARE"):
+        assert column in out
+    for d in plan.devices:
+        (row,) = [line for line in out.splitlines() if line.startswith(d.id + " ")]
+        cells = row.split()
+        assert cells[2:5] == [str(d.samples), str(d.micro_batch), str(d.accum_steps)]
+        assert f"{d.samples / 64:.1%}" in row
+    assert f"{plan.predicted_samples_per_s:,.1f} samples/s" in out
+    for name, base in plan.baselines.items():
+        speedup = base.predicted_step_s / plan.predicted_step_s
+        (line,) = [row for row in out.splitlines() if row.strip().startswith(f"vs {name} ")]
+        assert f"{base.predicted_samples_per_s:,.1f} samples/s" in line
+        assert f"{speedup:.2f}x faster" in line
+    assert plan.baselines["even"].predicted_step_s > 1.5 * plan.predicted_step_s
+
+
+def test_plan_shows_excluded_devices_with_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-xl", "--global-batch", "7")
+    code, out, _ = run_cli(capsys, "plan", *args)
+    assert code == 0
+    assert "Excluded:" in out
+    assert "node-b/1  model states 24.9 GB exceed capacity 14.5 GB" in out
+
+
+def test_plan_json_is_exactly_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "50")
+    code, out, err = run_cli(capsys, "plan", *args, "--strategy", "proportional", "--json")
+    assert code == 0 and err == ""
+    profile = analytic_profile(load_cluster(MIXED_LAB), get_preset("gpt2-small"))
+    assert json.loads(out) == make_plan(profile, 50, "proportional").to_dict()
+
+
+def test_plan_from_profile_and_efficiency(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    profile = analytic_profile(load_cluster(MIXED_LAB), get_preset("gpt-tiny"), efficiency=0.3)
+    path = tmp_path / "profile.json"
+    save_profile(profile, path)
+    code, out, _ = run_cli(capsys, "plan", "--profile", str(path), "--global-batch", "32", "--json")
+    assert code == 0
+    from_profile = json.loads(out)
+    assert from_profile == make_plan(profile, 32).to_dict()
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt-tiny", "--efficiency", "0.3")
+    code, out, _ = run_cli(capsys, "plan", *args, "--global-batch", "32", "--json")
+    assert json.loads(out) == from_profile, "--efficiency reaches the analytic profile"
+
+
+def test_strategy_choices_come_from_the_scheduler(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out, _ = capsys.readouterr()
+    for strategy in STRATEGIES:
+        assert strategy in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--cluster", "missing.yaml", "--model", "gpt2-small"], "cluster: cannot read"),
+        (["--profile", "missing.json"], "profile: cannot read"),
+        (["--cluster", "{bad}", "--model", "gpt2-small"], "nodes[0].devices[0].type: unknown"),
+        (["--cluster", "{lab}", "--profile", "p.json"], "--cluster and --profile"),
+        ([], "give --cluster FILE --model PRESET, or --profile FILE"),
+        (["--cluster", "{lab}"], "--model: required with --cluster; known: gpt-tiny"),
+        (["--cluster", "{lab}", "--model", "gpt5"], "model: unknown preset 'gpt5'"),
+        (["--cluster", "{lab}", "--model", "gpt2-small", "--efficiency", "1.5"], "efficiency"),
+        (["--cluster", "{lab}", "--model", "llama-7b"], "no device can hold the model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], expected: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnodes:\n  - name: n\n    devices:\n      - type: GTX1080-8GB\n")
+    argv = [a.format(bad=bad, lab=MIXED_LAB) for a in argv]
+    code, out, err = run_cli(capsys, "plan", *argv, "--global-batch", "8")
+    assert code == 2 and out == ""
+    assert err.startswith("hetsched: error: ") and err.count("\n") == 1
+    assert expected in err
+
+
+@pytest.mark.parametrize("batch", ["0", "-4"])
+def test_global_batch_below_one(capsys: pytest.CaptureFixture[str], batch: str) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", batch)
+    code, _, err = run_cli(capsys, "plan", *args)
+    assert code == 2
+    assert err == f"hetsched: error: --global-batch: must be >= 1, got {batch}\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cluster", "x.yaml", "--model", "gpt2-small", "--global-batch", "many"],
+        ["--cluster", "x.yaml", "--model", "gpt2-small", "--global-batch", "8", "--strategy", "x"],
+        ["--cluster", "x.yaml", "--model", "gpt2-small"],
+    ],
+)
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", *argv])
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_console_script_plans_without_torch_or_ray(tmp_path: Path) -> None:
+    args = ["plan", "--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64"]
+    result = subprocess.run(
+        [str(HETSCHED), *args, "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["global_batch"] == 64
+    failed = subprocess.run(
+        [
+            str(HETSCHED),
+            "plan",
+            "--cluster",
+            str(tmp_path / "none.yaml"),
+            "--model",
+            "gpt2-small",
+            "--global-batch",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.startswith("hetsched: error: cluster: cannot read")
+    probe = (
+        "import sys; from api.cli import main; main(sys.argv[1:]); "
+        "print(sorted(m for m in ('torch', 'ray', 'fastapi') if m in sys.modules))"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert imported.stdout.strip().splitlines()[-1] == "[]", "hetsched plan stays light"
