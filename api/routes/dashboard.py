@@ -1,0 +1,65 @@
+"""The dashboard: one HTML page and its static assets, served by the app itself.
+
+Everything the page needs (HTML, CSS, ES modules, the favicon) lives under
+``api/static/`` and is served from ``/static``; nothing comes from a CDN, so
+the dashboard works on an air-gapped cluster. The page is a small client-side
+app that reads the REST API under ``/api/v1``; the server answers ``/`` and
+``/jobs/{job_id}`` with the same HTML so a job page can be bookmarked and
+reloaded.
+
+Wiring, in ``create_app``::
+
+    from api.routes import dashboard
+    dashboard.add_dashboard(app)   # include_router(dashboard.router) + mount_static(app)
+
+Include it after the API routers: its routes are outside ``/api/v1`` and
+hidden from the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+INDEX_HTML = STATIC_DIR / "index.html"
+
+# Revalidate on every load (a 304 when unchanged) so an upgraded server never
+# runs against stale scripts cached from the previous version.
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+router = APIRouter(include_in_schema=False, tags=["dashboard"])
+
+
+@router.get("/")
+def index() -> FileResponse:
+    """The dashboard's overview: cluster, submit form, jobs."""
+    return FileResponse(INDEX_HTML, media_type="text/html", headers=NO_CACHE)
+
+
+@router.get("/jobs/{job_id}")
+def job_page(job_id: str) -> FileResponse:
+    """A job's page; the script reads the id from the URL and asks the API for the job."""
+    return FileResponse(INDEX_HTML, media_type="text/html", headers=NO_CACHE)
+
+
+class _RevalidatedStaticFiles(StaticFiles):
+    async def get_response(self, path: str, scope: Scope):  # type: ignore[no-untyped-def]
+        response = await super().get_response(path, scope)
+        response.headers.update(NO_CACHE)
+        return response
+
+
+def mount_static(app: FastAPI) -> None:
+    """Serve ``api/static/`` at ``/static`` (the dashboard's CSS, scripts and icon)."""
+    app.mount("/static", _RevalidatedStaticFiles(directory=STATIC_DIR), name="static")
+
+
+def add_dashboard(app: FastAPI) -> None:
+    """Add the dashboard to ``app``: its page routes and its static files."""
+    app.include_router(router)
+    mount_static(app)
