@@ -334,3 +334,14 @@ def test_the_checks_reject_what_would_break_a_deployment() -> None:
         "--num-gpus=2",
         "--include-dashboard=false",
     ]
+
+
+def test_readme_hetsched_commands_parse() -> None:
+    """Every ``hetsched ...`` line in deploy/README.md's code blocks is accepted by the CLI."""
+    text = (DEPLOY / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.DOTALL)
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("hetsched ")]
+    assert commands
+    for argv in commands:
+        check_hetsched(argv)
