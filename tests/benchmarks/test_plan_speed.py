@@ -1,0 +1,79 @@
+"""How long the data-parallel planner takes for thousands of mixed GPUs.
+
+Target (issue 2): 4,096 devices in under 0.1 s and 16,384 in under 1 s on one
+core, for ``make_plan(..., "dp")``, which also computes the ``even`` and
+``proportional`` baselines. Clusters are random mixes of catalogue GPUs in
+nodes of eight, with analytic GPT-2 small profiles. The targets are checked
+against the best CPU time of a few runs (this process's time on its core),
+so that other work sharing the machine does not count; wall time is printed
+beside it. Run on purpose:
+
+    .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_plan_speed.py
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from scheduler.catalogue import known_types
+from scheduler.cluster import parse_cluster
+from scheduler.models import get_preset
+from scheduler.planner import make_plan
+from scheduler.profile import Profile, analytic_profile
+
+SIZES = [8, 64, 512, 4_096, 16_384]
+TARGET_S = {4_096: 0.1, 16_384: 1.0}
+SAMPLES_PER_DEVICE = 8
+RUNS = 5
+
+
+def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
+    """``num_devices`` random catalogue GPUs, eight to a node."""
+    rng = random.Random(seed)
+    types = known_types()
+    nodes = [
+        {"name": f"node-{i}", "devices": [{"type": rng.choice(types)} for _ in range(8)]}
+        for i in range(num_devices // 8)
+    ]
+    cluster = parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
+    return analytic_profile(cluster, get_preset("gpt2-small"))
+
+
+def best_times_s(profile: Profile, global_batch: int) -> tuple[float, float]:
+    """Best CPU time and best wall time of ``RUNS`` plans."""
+    best_cpu = best_wall = float("inf")
+    for _ in range(RUNS):
+        cpu, wall = time.process_time(), time.perf_counter()
+        plan = make_plan(profile, global_batch, "dp")
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+        best_wall = min(best_wall, time.perf_counter() - wall)
+        assert plan.global_batch == global_batch
+    return best_cpu, best_wall
+
+
+@pytest.mark.benchmark
+def test_plan_speed() -> None:
+    rows = []
+    for size in SIZES:
+        profile = mixed_profile(size)
+        global_batch = SAMPLES_PER_DEVICE * size + 3  # not divisible on purpose
+        plan = make_plan(profile, global_batch, "dp")
+        cpu, wall = best_times_s(profile, global_batch)
+        even = plan.baselines["even"].predicted_samples_per_s
+        rows.append((size, global_batch, cpu, wall, plan.predicted_samples_per_s / even))
+    print(f"\nmake_plan(profile, global_batch, 'dp'), best of {RUNS}, baselines included")
+    print(
+        f"{'devices':>8}  {'global batch':>12}  {'CPU':>10}  {'wall':>10}  {'target':>8}  dp/even"
+    )
+    for size, batch, cpu, wall, gain in rows:
+        target = f"< {TARGET_S[size]:g} s" if size in TARGET_S else ""
+        print(
+            f"{size:>8,}  {batch:>12,}  {cpu * 1e3:>7.1f} ms  {wall * 1e3:>7.1f} ms  "
+            f"{target:>8}  {gain:.2f}x"
+        )
+    for size, _, seconds, _, _ in rows:
+        if size in TARGET_S:
+            assert seconds < TARGET_S[size], f"{size} devices took {seconds:.3f} s"
