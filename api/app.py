@@ -9,6 +9,7 @@ every user error into one line, ``{"detail": "<field>: <what is allowed>"}``:
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,12 +17,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
 from api.db import make_engine
 from api.deps import AppState
 from api.executor import Executor
-from api.routes import api_router, dashboard, health, metrics
+from api.routes import api_router, health, metrics
 from api.services import Profiler, connect_cluster
 from api.settings import Settings
 from api.store import JobStore
@@ -129,8 +131,49 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/docs",
     )
     install_error_handlers(app)
+    _document_errors_as_one_line(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    dashboard.add_dashboard(app)
+    _add_dashboard(app)
     return app
+
+
+def _document_errors_as_one_line(app: FastAPI) -> None:
+    """Make the OpenAPI 422 schema say what the handler sends: ``{"detail": "<line>"}``."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            components = schema.get("components", {}).get("schemas", {})
+            components.pop("ValidationError", None)
+            if "HTTPValidationError" in components:
+                components["HTTPValidationError"] = {
+                    "title": "HTTPValidationError",
+                    "type": "object",
+                    "required": ["detail"],
+                    "properties": {
+                        "detail": {
+                            "type": "string",
+                            "title": "Detail",
+                            "description": "One line per bad field: "
+                            "'<field>: <what is allowed>', joined by '; '.",
+                        }
+                    },
+                }
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_dashboard(app: FastAPI) -> None:
+    """The dashboard at ``/`` (api/routes/dashboard.py), after the API routes."""
+    try:
+        dashboard = importlib.import_module("api.routes.dashboard")
+    except ModuleNotFoundError:
+        log.warning("dashboard not installed; serving the API only")
+        return
+    dashboard.add_dashboard(app)

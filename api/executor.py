@@ -214,8 +214,10 @@ class Executor:
                 )
 
         assert self.handle.cluster is not None
+        # The whole cluster, not the subset: simulated pacing is relative to its
+        # fastest device, as it was when the profile was measured.
         result = train(
-            cluster=self.handle.cluster.subset(live.devices),
+            cluster=self.handle.cluster,
             model=model,
             plan=plan,
             steps=steps,
@@ -225,6 +227,7 @@ class Executor:
             simulated=self.handle.simulated,
             on_step=on_step,
             should_stop=live.stop.is_set,
+            cache_dir=self.profiler.cache_dir,
         )
         if result.stopped or result.steps_done < steps:
             return self._stopped(result.steps_done)

@@ -1,0 +1,77 @@
+"""``hetsched serve``: the control plane, REST API and dashboard under uvicorn.
+
+    hetsched serve                          local Ray running deploy/clusters/local-sim.yaml
+                                            (simulated devices), SQLite in ./.hetsched
+    hetsched serve --cluster my.yaml        simulate another cluster spec
+    hetsched serve --ray-address HOST:6379  attach to a real Ray cluster and use its GPUs
+    hetsched serve --db postgresql+psycopg://user@db/hetsched
+
+Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.Settings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from scheduler.errors import HetschedError
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the control plane (REST API, dashboard, job executor)",
+        description="Run the control plane. With no arguments: a local simulated mixed "
+        "cluster and a SQLite database in the data directory.",
+    )
+    parser.add_argument("--cluster", type=Path, help="cluster spec to simulate locally")
+    parser.add_argument("--ray-address", help="attach to this Ray cluster (real GPUs)")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    parser.add_argument("--db", help="SQLAlchemy URL (default sqlite in the data directory)")
+    parser.add_argument(
+        "--data-dir", type=Path, help="database, profile cache and datasets (default ./.hetsched)"
+    )
+    parser.add_argument("--num-cpus", type=int, help="CPUs for the embedded local Ray")
+    parser.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+
+    overrides = {
+        "cluster": args.cluster,
+        "ray_address": args.ray_address,
+        "host": args.host,
+        "port": args.port,
+        "db_url": args.db,
+        "data_dir": args.data_dir,
+        "ray_num_cpus": args.num_cpus,
+    }
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise HetschedError(f"{field}: {first['msg']}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = settings_from_args(args)
+    if settings.cluster is not None and not settings.cluster.is_file():
+        raise HetschedError(f"--cluster: no such file {settings.cluster}")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    host = "localhost" if settings.host in ("0.0.0.0", "::") else settings.host
+    where = settings.ray_address or f"local simulation of {settings.cluster_file.name}"
+    print(f"hetsched: control plane on {where}; data in {settings.data_dir.resolve()}")
+    print(f"hetsched: dashboard at http://{host}:{settings.port}/  (API docs at /docs)", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    return 0

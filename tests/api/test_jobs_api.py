@@ -1,0 +1,203 @@
+"""The REST API's answers to good and bad input, without Ray (the executor is off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from api.store import RESTART_MESSAGE, JobStore
+
+JOBS = "/api/v1/jobs"
+TINY_JOB = {"name": "tiny", "model": "gpt-tiny", "global_batch": 16, "steps": 3}
+
+
+def test_submit_answers_201_with_a_pending_job(offline: TestClient) -> None:
+    response = offline.post(JOBS, json=TINY_JOB)
+    assert response.status_code == 201
+    job = response.json()
+    assert job["state"] == "PENDING"
+    assert job["spec"]["global_batch"] == 16 and job["steps"] == 3
+    assert offline.get(f"{JOBS}/{job['id']}").json()["id"] == job["id"]
+
+
+def test_repeated_submission_id_answers_200_with_the_same_job(offline: TestClient) -> None:
+    body = {**TINY_JOB, "submission_id": "nightly-42"}
+    first = offline.post(JOBS, json=body)
+    again = offline.post(JOBS, json={**body, "steps": 99})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["steps"] == 3
+    assert offline.get(JOBS).json()["count"] == 1
+
+
+def test_invalid_spec_names_every_bad_field_on_one_line(offline: TestClient) -> None:
+    bad = {
+        "name": "x",
+        "global_batch": 0,
+        "strategy": "fastest",
+        "optimizer": {"lr": -1},
+        "colour": "red",
+    }
+    response = offline.post(JOBS, json=bad)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and "\n" not in detail
+    assert "global_batch: Input should be greater than or equal to 1, got 0" in detail
+    assert "strategy: must be one of" in detail and "dp" in detail
+    assert "optimizer.lr:" in detail
+    assert "colour: Extra inputs are not permitted" in detail
+
+
+def test_unknown_model_and_devices_are_422_naming_what_is_known(offline: TestClient) -> None:
+    response = offline.post(JOBS, json={**TINY_JOB, "model": "gpt-99"})
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("model: unknown preset 'gpt-99'; known: gpt-tiny")
+    response = offline.post(JOBS, json={**TINY_JOB, "devices": ["node-a/0", "node-z/7"]})
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        "devices: unknown id 'node-z/7'; known: node-a/0, node-a/1, node-b/0, node-b/1"
+    )
+
+
+def test_dataset_paths_escaping_the_data_dir_are_rejected(
+    offline: TestClient, tmp_path: Path
+) -> None:
+    secret = tmp_path.parent / "secret.txt"
+    secret.write_text("x" * 1000)
+    for name in ("../secret.txt", str(secret), "/etc/passwd", "a/../../secret.txt"):
+        response = offline.post(JOBS, json={**TINY_JOB, "dataset": name})
+        assert response.status_code == 422, name
+        assert response.json()["detail"].startswith("dataset: "), name
+    (tmp_path / "corpus.txt").write_text("hello world " * 100)
+    assert offline.post(JOBS, json={**TINY_JOB, "dataset": "corpus.txt"}).status_code == 201
+    assert "corpus.txt" in offline.get("/api/v1/options").json()["datasets"]
+
+
+def test_a_model_that_fits_nowhere_is_409_with_the_planner_reason(offline: TestClient) -> None:
+    for path in (JOBS, "/api/v1/plans"):
+        response = offline.post(
+            path,
+            json={**TINY_JOB, "model": "gpt2-xl"}
+            if path == JOBS
+            else {"model": "gpt2-xl", "global_batch": 8},
+        )
+        assert response.status_code == 409, path
+        detail = response.json()["detail"]
+        assert detail.startswith("no device can hold the model: node-a/0: model states")
+        assert "MB exceed simulated capacity" in detail
+
+
+def test_dry_run_plan_has_baselines_and_trains_nothing(offline: TestClient) -> None:
+    response = offline.post("/api/v1/plans", json={"model": "gpt-tiny", "global_batch": 64})
+    assert response.status_code == 200
+    preview = response.json()
+    plan = preview["plan"]
+    assert preview["profile_source"] == "analytic"  # Ray is off in this test
+    assert sum(d["samples"] for d in plan["devices"]) == 64
+    assert set(plan["baselines"]) == {"even", "proportional"}
+    assert plan["predicted_step_s"] <= plan["baselines"]["even"]["predicted_step_s"]
+    assert offline.get(JOBS).json()["count"] == 0
+
+
+def test_unknown_ids_are_404(offline: TestClient) -> None:
+    for method, path in (
+        ("GET", "/nope"),
+        ("GET", "/nope/metrics"),
+        ("GET", "/nope/logs"),
+        ("POST", "/nope/stop"),
+        ("DELETE", "/nope"),
+        ("GET", "/%E2%98%83"),
+    ):
+        response = offline.request(method, f"{JOBS}{path}")
+        assert response.status_code == 404, (method, path)
+        assert "no job with id" in response.json()["detail"]
+
+
+def test_stop_pending_then_delete(offline: TestClient) -> None:
+    job = offline.post(JOBS, json=TINY_JOB).json()
+    assert offline.delete(f"{JOBS}/{job['id']}").status_code == 409  # not terminal yet
+    stopped = offline.post(f"{JOBS}/{job['id']}/stop").json()
+    assert stopped["state"] == "STOPPED"
+    again = offline.post(f"{JOBS}/{job['id']}/stop")
+    assert again.status_code == 409 and "already STOPPED" in again.json()["detail"]
+    assert offline.delete(f"{JOBS}/{job['id']}").status_code == 200
+    assert offline.get(f"{JOBS}/{job['id']}").status_code == 404
+
+
+def test_paging_and_state_filter(offline: TestClient) -> None:
+    ids = [offline.post(JOBS, json={**TINY_JOB, "name": f"j{i}"}).json()["id"] for i in range(5)]
+    offline.post(f"{JOBS}/{ids[0]}/stop")
+    page = offline.get(JOBS, params={"limit": 2, "offset": 1}).json()
+    assert page["count"] == 5
+    assert [j["id"] for j in page["data"]] == [ids[3], ids[2]]  # newest first
+    stopped = offline.get(JOBS, params={"state": "STOPPED"}).json()
+    assert [j["id"] for j in stopped["data"]] == [ids[0]] and stopped["count"] == 1
+    bad = offline.get(JOBS, params={"state": "DONE", "limit": 0})
+    assert bad.status_code == 422
+    assert "state: Input should be 'PENDING'" in bad.json()["detail"]
+    assert "limit: Input should be greater than or equal to 1" in bad.json()["detail"]
+
+
+def test_token_guards_mutations_but_not_reads(app_client) -> None:  # type: ignore[no-untyped-def]
+    with app_client(api_token="s3cret") as client:
+        assert client.post(JOBS, json=TINY_JOB).status_code == 401
+        wrong = client.post(JOBS, json=TINY_JOB, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert client.post("/api/v1/plans", json={}).status_code == 401
+        good = client.post(JOBS, json=TINY_JOB, headers={"Authorization": "Bearer s3cret"})
+        assert good.status_code == 201
+        job_id = good.json()["id"]
+        assert client.post(f"{JOBS}/{job_id}/stop").status_code == 401
+        assert client.delete(f"{JOBS}/{job_id}").status_code == 401
+        assert client.get(JOBS).status_code == 200
+        assert client.get(f"{JOBS}/{job_id}").status_code == 200
+        assert client.get("/api/v1/cluster").status_code == 200
+
+
+def test_records_survive_a_restart_and_running_jobs_fail(app_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with app_client() as client:
+        kept = client.post(JOBS, json={**TINY_JOB, "name": "kept"}).json()["id"]
+        cut = client.post(JOBS, json={**TINY_JOB, "name": "cut"}).json()
+        store: JobStore = client.app.state.hetsched.store  # type: ignore[attr-defined]
+        # What a crash mid-run leaves behind: RUNNING with a step stored.
+        assert store.start(cut["id"], ["node-a/0"])
+        store.add_step(
+            cut["id"],
+            step=0,
+            loss=5.5,
+            step_s=0.2,
+            samples_per_s=80.0,
+            devices=[],
+            step_times_s=[0.2],
+        )
+    with app_client() as client:
+        jobs = {j["name"]: j for j in client.get(JOBS).json()["data"]}
+        assert set(jobs) == {"kept", "cut"}
+        assert jobs["kept"]["id"] == kept and jobs["kept"]["state"] == "PENDING"
+        assert jobs["cut"]["state"] == "FAILED"
+        assert jobs["cut"]["message"] == RESTART_MESSAGE
+        assert jobs["cut"]["steps_done"] == 1 and jobs["cut"]["last_loss"] == 5.5
+        logs = client.get(f"{JOBS}/{cut['id']}/logs").json()["data"]
+        assert logs[-1]["message"] == RESTART_MESSAGE
+
+
+def test_health_cluster_and_metrics_report_an_unavailable_cluster(offline: TestClient) -> None:
+    health = offline.get("/healthz").json()
+    assert health["status"] == "ok" and health["cluster"] == "unavailable"
+    cluster = offline.get("/api/v1/cluster").json()
+    assert cluster["available"] is False and cluster["num_devices"] == 4
+    assert {d["status"] for n in cluster["nodes"] for d in n["devices"]} == {"unavailable"}
+    offline.post(JOBS, json=TINY_JOB)
+    text = offline.get("/metrics").text
+    assert 'hetsched_jobs{state="PENDING"} 1' in text
+    assert "# TYPE hetsched_device_busy_ratio gauge" in text
+    assert 'hetsched_device_memory_capacity_bytes{device="node-b/1"' in text
+    assert "hetsched_cluster_available 0" in text
+    assert offline.post("/api/v1/cluster/profile", json={}).status_code == 409
+
+
+def test_openapi_is_served_with_the_job_routes(offline: TestClient) -> None:
+    spec = offline.get("/api/v1/openapi.json").json()
+    assert "/api/v1/jobs/{job_id}/metrics" in spec["paths"]
+    assert offline.get("/docs").status_code == 200
