@@ -131,7 +131,7 @@ def small_profiles(draw: Any) -> tuple[Profile, int]:
     return profile_of(*devices), global_batch
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_profiles())
 def test_dp_equals_brute_force_optimum(case: tuple[Profile, int]) -> None:
     profile, global_batch = case
@@ -146,7 +146,7 @@ def test_dp_equals_brute_force_optimum(case: tuple[Profile, int]) -> None:
     assert len(plan.excluded) == len(profile.devices) - len(usable)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(small_profiles(), st.integers(0, 10**9), st.floats(0.1, 1000.0))
 def test_every_strategy_is_feasible_and_dp_is_never_slower(
     case: tuple[Profile, int], gradient_bytes: int, inter_node_gbps: float
