@@ -1,0 +1,565 @@
+"""The pipeline runtime (``pp`` and ``hybrid`` plans): stage actors under 1F1B.
+
+One Ray actor per active device of the plan holds its stage's blocks
+``[first, last)`` (plus the embedding on stage 0, the final norm and head on
+the last stage), built from the seed so the weights equal the whole model's
+(:mod:`workers.model`). Ranks are ordered by pipeline, then stage. Per step
+each pipeline runs its slice ``[offset, offset + samples)`` of the global
+batch in ``accum_steps`` micro-batches, as equal as integers allow, under the
+1F1B schedule (Narayanan et al., 2021: ``p − s − 1`` warm-up forwards on stage
+``s``, then one forward and one backward alternately, then the remaining
+backwards). Activations go forward and their gradients backward with
+torch.distributed point-to-point operations on the job's process group (gloo
+on CPU, nccl on CUDA): sends are asynchronous, receives blocking, which keeps
+the schedule free of deadlock.
+
+Loss and gradients as in data parallelism (DESIGN.md, Correctness): the last
+stage sums token cross-entropy and divides by ``global_batch · seq_len``.
+Then every piece of the model (token embedding, position embedding, each
+block, the final norm) is SUM-all-reduced among the devices that hold it,
+one all-reduce per distinct set of holders on its own subgroup: across
+pipelines in a hybrid plan, and for the tied token embedding between the
+first stage (embedding) and the last (head copy) — which keeps the two copies
+equal and their update the one single-device training makes. All ranks then
+take the same AdamW step (lockstep).
+
+Simulated devices are paced like the data-parallel ones: a stage's
+micro-batch takes ``K · (speed_max / speed_i) · t_host(stage, m)`` where the
+stage's host time is the sum of its pieces' (:mod:`workers.layer_profile`),
+a third for the forward and two thirds for the backward. Memory is counted as
+the model states plus the saved activations of the micro-batches in flight,
+and an excess raises the same out-of-memory error as data parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from scheduler.cluster import Cluster
+from scheduler.models import ModelPreset
+from scheduler.plan import DevicePlan, Plan
+from workers.actors import actor_options, free_port, gather, kill_all
+from workers.calibration import default_cache_dir
+from workers.data import ByteDataset
+from workers.devices import CudaDevice, Pacing, _SavedBytes, model_state_bytes
+from workers.errors import DeviceOutOfMemory, WorkerError
+from workers.layer_profile import host_layers, stage_host
+from workers.model import GPT, lm_loss_sum
+from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult, median_devices
+from workers.runtime import (
+    COLLECTIVE_TIMEOUT_S,
+    DTYPES,
+    SETUP_TIMEOUT_S,
+    micro_batch_sizes,
+    step_timeout_s,
+)
+
+FORWARD_SHARE = 1 / 3
+"""Share of a micro-batch's paced time spent in the forward pass (backward ≈ 2× forward)."""
+
+SyncGroup = tuple[tuple[int, ...], tuple[str, ...]]
+"""Ranks holding the same pieces, and those pieces' names."""
+
+
+# --- pure helpers: ranks, pieces, groups -----------------------------------
+
+
+def ordered_stages(plan: Plan) -> list[DevicePlan]:
+    """Active devices by pipeline then stage: their ranks. Checks the pipelines are whole."""
+    active = [d for d in plan.active if d.layers is not None]
+    if len(active) != len(plan.active):
+        missing = next(d.id for d in plan.active if d.layers is None)
+        raise WorkerError(f"plan: device {missing} of a {plan.strategy} plan has no layers")
+    active.sort(key=lambda d: (d.pipeline or 0, d.stage or 0))
+    pipelines: dict[int, list[DevicePlan]] = {}
+    for d in active:
+        pipelines.setdefault(d.pipeline or 0, []).append(d)
+    for index, stages in pipelines.items():
+        if [d.stage for d in stages] != list(range(len(stages))):
+            raise WorkerError(
+                f"plan: pipeline {index} has stages {[d.stage for d in stages]}; "
+                "expected 0..p-1, one device each"
+            )
+        for a, b in zip(stages, stages[1:], strict=False):
+            assert a.layers is not None and b.layers is not None
+            if a.layers[1] != b.layers[0]:
+                raise WorkerError(
+                    f"plan: {a.id} ends at block {a.layers[1]} but the next stage "
+                    f"{b.id} starts at {b.layers[0]}"
+                )
+            if (a.samples, a.offset, a.accum_steps) != (b.samples, b.offset, b.accum_steps):
+                raise WorkerError(
+                    f"plan: {a.id} and {b.id} of pipeline {index} disagree on "
+                    "samples, offset or micro-batches"
+                )
+    return active
+
+
+def pieces_of(d: DevicePlan, *, is_first: bool, is_last: bool) -> list[str]:
+    """Names of the model pieces a stage holds.
+
+    >>> pieces_of(DevicePlan(id="a/0", samples=1, micro_batch=1, accum_steps=1, busy_s=0,
+    ...                      peak_bytes=0, layers=(0, 2)), is_first=True, is_last=False)
+    ['wte', 'wpe', 'block0', 'block1']
+    """
+    assert d.layers is not None
+    out = ["wte", "wpe"] if is_first else []
+    out += [f"block{i}" for i in range(*d.layers)]
+    if is_last:
+        out += ["ln_f"] if is_first else ["wte", "ln_f"]
+    return out
+
+
+def sync_groups(stages: list[DevicePlan]) -> list[SyncGroup]:
+    """One all-reduce per distinct set of holders of some pieces (module docstring)."""
+    last_stage: dict[int, int] = {}
+    for d in stages:
+        last_stage[d.pipeline or 0] = max(last_stage.get(d.pipeline or 0, 0), d.stage or 0)
+    holders: dict[str, list[int]] = {}
+    for rank, d in enumerate(stages):
+        pieces = pieces_of(d, is_first=d.stage == 0, is_last=d.stage == last_stage[d.pipeline or 0])
+        for piece in dict.fromkeys(pieces):
+            holders.setdefault(piece, []).append(rank)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for piece, ranks in holders.items():
+        if len(ranks) > 1:
+            groups.setdefault(tuple(sorted(ranks)), []).append(piece)
+    return [(ranks, tuple(pieces)) for ranks, pieces in sorted(groups.items())]
+
+
+def piece_of_param(name: str) -> str:
+    """The piece a stage module's parameter belongs to (its global name)."""
+    if name in ("embed.wte.weight", "head.weight"):
+        return "wte"
+    if name.startswith("embed."):
+        return "wpe"
+    if name.startswith("blocks."):
+        return f"block{name.split('.')[1]}"
+    return "ln_f"
+
+
+# --- the stage actor -------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageSpec:
+    device_id: str
+    rank: int
+    world_size: int
+    preset: ModelPreset
+    seed: int
+    global_batch: int
+    offset: int
+    samples: int
+    accum_steps: int
+    first: int
+    last: int
+    stage: int
+    num_stages: int
+    prev_rank: int | None
+    next_rank: int | None
+    groups: tuple[SyncGroup, ...]
+    optimizer: OptimizerConfig
+    dataset: Path | None
+    simulated: bool
+    capacity_bytes: int = 0
+    pacing: Pacing | None = None
+    """The stage's pacing (host time of its pieces), simulated devices only."""
+    dtype: str = "float32"
+    """Parameter, activation and gradient precision (``float64`` for exactness checks)."""
+
+
+class PipelineWorker:
+    """One pipeline stage (made remote by the driver)."""
+
+    def __init__(self, spec: StageSpec) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec
+        self.torch_device = (
+            torch.device("cpu")
+            if spec.simulated
+            else CudaDevice(device_id=spec.device_id).torch_device
+        )
+        self.model: GPT | None = None
+        self.mine: list[tuple[Any, list[torch.nn.Parameter]]] = []
+
+    def rendezvous(self) -> tuple[str, int]:
+        return free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        spec = self.spec
+        dist.init_process_group(
+            "gloo" if spec.simulated else "nccl",
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        self.model = GPT(
+            spec.preset,
+            seed=spec.seed,
+            first=spec.first,
+            last=spec.last,
+            embed=spec.stage == 0,
+            head=spec.stage == spec.num_stages - 1,
+        )
+        self.dtype = DTYPES[spec.dtype]
+        self.model.to(device=self.torch_device, dtype=self.dtype)
+        named = dict(self.model.named_parameters())
+        for ranks, pieces in spec.groups:  # every rank creates every group, in one order
+            group = dist.new_group(list(ranks))
+            if spec.rank in ranks:
+                params = [
+                    p
+                    for n, p in sorted(named.items(), key=lambda kv: (piece_of_param(kv[0]), kv[0]))
+                    if piece_of_param(n) in pieces
+                ]
+                self.mine.append((group, params))
+        opt = spec.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=(opt.beta1, opt.beta2),
+            weight_decay=opt.weight_decay,
+        )
+        self.states = model_state_bytes(self.model)
+        self.data = ByteDataset(
+            spec.dataset, seq_len=spec.preset.seq_len, vocab_size=spec.preset.vocab_size
+        )
+
+    def _pace(self, start: float, share: float, size: int) -> float:
+        """Sleep out a simulated device's target; the device time of this pass."""
+        if not self.spec.simulated:
+            torch.cuda.synchronize(self.torch_device)
+            return time.perf_counter() - start
+        assert self.spec.pacing is not None
+        target = share * self.spec.pacing.target_s(size)
+        remaining = target - (time.perf_counter() - start)
+        if remaining > 0:
+            time.sleep(remaining)
+        return time.perf_counter() - start
+
+    def step(self, step: int) -> dict[str, Any]:
+        spec, model = self.spec, self.model
+        assert model is not None, "setup() first"
+        begin = time.perf_counter()
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        is_first, is_last = spec.stage == 0, spec.stage == spec.num_stages - 1
+        sizes = micro_batch_sizes(spec.samples, spec.accum_steps)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        x = y = None
+        if is_first or is_last:
+            x, y = self.data.device_batch(
+                seed=spec.seed,
+                step=step,
+                global_batch=spec.global_batch,
+                offset=spec.offset,
+                samples=spec.samples,
+            )
+            x, y = x.to(self.torch_device), y.to(self.torch_device)
+        scale = 1.0 / (spec.global_batch * spec.preset.seq_len)
+        T, C = spec.preset.seq_len, spec.preset.d_model
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        saved: dict[int, int] = {}
+        sends: list[Any] = []
+        acc = {"busy": 0.0, "peak": 0, "flight": 0, "loss": 0.0}
+        if not spec.simulated:
+            torch.cuda.reset_peak_memory_stats(self.torch_device)
+
+        def forward(i: int) -> None:
+            size = sizes[i]
+            if is_first:
+                assert x is not None
+                inp = x[starts[i] : starts[i] + size]
+            else:
+                inp = torch.empty(
+                    size, T, C, device=self.torch_device, dtype=self.dtype
+                )  # (B, T, C)
+                dist.recv(inp, src=spec.prev_rank)
+                inp.requires_grad_(True)
+            start = time.perf_counter()
+            counter = _SavedBytes(model)
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                    out = model(inp)
+                    if is_last:
+                        assert y is not None
+                        loss = lm_loss_sum(out, y[starts[i] : starts[i] + size])
+                        acc["loss"] += float(loss.detach())
+                        out = loss * scale
+            except torch.cuda.OutOfMemoryError as exc:
+                raise DeviceOutOfMemory(
+                    spec.device_id, size, spec.capacity_bytes + 1, spec.capacity_bytes
+                ) from exc
+            saved[i] = counter.bytes
+            acc["flight"] += counter.bytes
+            if spec.simulated:
+                need = self.states + int(acc["flight"])
+                if need > spec.capacity_bytes:
+                    raise DeviceOutOfMemory(spec.device_id, size, need, spec.capacity_bytes)
+                acc["peak"] = max(acc["peak"], need)
+            if not is_last:
+                sends.append(dist.isend(out.detach().contiguous(), dst=spec.next_rank))
+            inputs[i], outputs[i] = inp, out
+            acc["busy"] += self._pace(start, FORWARD_SHARE, size)
+
+        def backward(i: int) -> None:
+            out, inp = outputs.pop(i), inputs.pop(i)
+            grad = None
+            if not is_last:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=spec.next_rank)
+            start = time.perf_counter()
+            out.backward(grad)
+            acc["flight"] -= saved.pop(i)
+            if not is_first:
+                assert inp.grad is not None
+                sends.append(dist.isend(inp.grad.contiguous(), dst=spec.prev_rank))
+            acc["busy"] += self._pace(start, 1 - FORWARD_SHARE, sizes[i])
+
+        m = len(sizes)
+        warmup = min(spec.num_stages - spec.stage - 1, m)
+        for i in range(warmup):
+            forward(i)
+        for i in range(m - warmup):
+            forward(warmup + i)
+            backward(i)
+        for i in range(m - warmup, m):
+            backward(i)
+        for work in sends:
+            work.wait()
+        self._sync_gradients()
+        loss = torch.tensor([acc["loss"] * scale], device=self.torch_device, dtype=self.dtype)
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        self.optimizer.step()
+        peak = (
+            int(acc["peak"])
+            if spec.simulated
+            else int(torch.cuda.max_memory_allocated(self.torch_device))
+        )
+        wall = time.perf_counter() - begin
+        return {
+            "loss": float(loss.item()),
+            "busy_s": acc["busy"],
+            "wait_s": max(wall - acc["busy"], 0.0),
+            "peak_bytes": peak,
+        }
+
+    def _sync_gradients(self) -> None:
+        """SUM all-reduce of each piece among its holders (module docstring)."""
+        for group, params in self.mine:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p).clone()
+                offset += n
+
+    def state_dict(self) -> dict[str, Any]:
+        """This stage's parameters under their whole-model names."""
+        assert self.model is not None
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# --- the driver ------------------------------------------------------------
+
+
+def make_stage_specs(
+    *,
+    cluster: Cluster,
+    preset: ModelPreset,
+    plan: Plan,
+    seed: int,
+    dataset: Path | None,
+    optimizer: OptimizerConfig,
+    simulated: bool,
+    pacing_of: Callable[[str], tuple[int, Pacing | None]],
+    cache_dir: Path | None = None,
+    dtype: str = "float32",
+) -> list[StageSpec]:
+    if dtype not in DTYPES:
+        raise WorkerError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    stages = ordered_stages(plan)
+    groups = tuple(sync_groups(stages))
+    num_stages = {}
+    for d in stages:
+        num_stages[d.pipeline or 0] = max(num_stages.get(d.pipeline or 0, 0), (d.stage or 0) + 1)
+    pieces = None
+    specs = []
+    for rank, d in enumerate(stages):
+        assert d.layers is not None
+        p, s = num_stages[d.pipeline or 0], d.stage or 0
+        capacity, pacing = pacing_of(d.id)
+        if pacing is not None:
+            if pieces is None:
+                pieces = host_layers(
+                    preset, pacing.host, cache_dir=cache_dir or default_cache_dir()
+                )
+            host = stage_host(
+                pieces, num_blocks=d.layers[1] - d.layers[0], embed=s == 0, head=s == p - 1
+            )
+            pacing = replace(pacing, host=host)
+        specs.append(
+            StageSpec(
+                device_id=d.id,
+                rank=rank,
+                world_size=len(stages),
+                preset=preset,
+                seed=seed,
+                global_batch=plan.global_batch,
+                offset=d.offset,
+                samples=d.samples,
+                accum_steps=d.accum_steps,
+                first=d.layers[0],
+                last=d.layers[1],
+                stage=s,
+                num_stages=p,
+                prev_rank=rank - 1 if s > 0 else None,
+                next_rank=rank + 1 if s < p - 1 else None,
+                groups=groups,
+                optimizer=optimizer,
+                dataset=dataset,
+                simulated=simulated,
+                capacity_bytes=capacity,
+                pacing=pacing,
+                dtype=dtype,
+            )
+        )
+    return specs
+
+
+def train_pipeline(
+    *,
+    cluster: Cluster,
+    model: ModelPreset,
+    plan: Plan,
+    steps: int,
+    seed: int,
+    dataset: Path | None = None,
+    optimizer: OptimizerConfig = OptimizerConfig(),
+    simulated: bool = True,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    pacing_of: Callable[[str], tuple[int, Pacing | None]],
+    cache_dir: Path | None = None,
+    dtype: str = "float32",
+    keep_state: bool = False,
+) -> TrainResult:
+    """Train a pp/hybrid plan (module docstring); the contract of ``session.train``.
+
+    ``keep_state=True`` returns the whole model's parameters after the last
+    step, gathered from the stages of pipeline 0 under their whole-model names
+    (``{"step", "model", "optimizer": None}``: optimizer state stays per stage).
+    """
+    specs = make_stage_specs(
+        cluster=cluster,
+        preset=model,
+        plan=plan,
+        seed=seed,
+        dataset=dataset,
+        optimizer=optimizer,
+        simulated=simulated,
+        pacing_of=pacing_of,
+        cache_dir=cache_dir,
+        dtype=dtype,
+    )
+    if not specs:
+        raise WorkerError("plan: no device has any samples")
+    ids = [s.device_id for s in specs]
+    remote_cls = ray.remote(PipelineWorker)
+    actors: list[Any] = []
+    history: list[StepMetrics] = []
+    stopped = False
+    try:
+        for spec in specs:
+            options = actor_options(cluster.device(spec.device_id), simulated=simulated)
+            actors.append(remote_cls.options(**options).remote(spec))
+        addr, port = gather(
+            [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
+        )[0]
+        gather(
+            [a.setup.remote(addr, port) for a in actors],
+            ids,
+            timeout_s=SETUP_TIMEOUT_S,
+            what="process-group setup",
+        )
+        timeout = step_timeout_s(plan)
+        for step in range(steps):
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
+            begin = time.perf_counter()
+            out = gather(
+                [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
+            )
+            step_s = time.perf_counter() - begin
+            loss = out[0]["loss"]
+            if not math.isfinite(loss):
+                raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
+            metrics = StepMetrics(
+                step=step,
+                loss=loss,
+                step_s=step_s,
+                samples_per_s=plan.global_batch / step_s,
+                devices=tuple(
+                    DeviceStep(
+                        id=i,
+                        busy_s=o["busy_s"],
+                        wait_s=o["wait_s"],
+                        peak_bytes=int(o["peak_bytes"]),
+                    )
+                    for i, o in zip(ids, out, strict=True)
+                ),
+            )
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        state = None
+        if keep_state and history:
+            first_pipeline = [i for i, s in enumerate(specs) if specs[0].num_stages > s.rank]
+            parts = gather(
+                [actors[i].state_dict.remote() for i in first_pipeline],
+                [ids[i] for i in first_pipeline],
+                timeout_s=SETUP_TIMEOUT_S,
+                what="state save",
+            )
+            merged: dict[str, Any] = {}
+            for part in parts:
+                merged.update(part)
+            state = {"step": history[-1].step, "model": merged, "optimizer": None}
+        try:
+            gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
+        except WorkerError:
+            pass  # results stand; the actors are killed below anyway
+    finally:
+        kill_all(actors)
+    return TrainResult(
+        steps_done=len(history),
+        losses=[m.loss for m in history],
+        step_times_s=[m.step_s for m in history],
+        devices=median_devices(history),
+        stopped=stopped,
+        state=state,
+    )
