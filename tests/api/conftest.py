@@ -32,6 +32,11 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
+def settings_factory() -> Callable[..., Settings]:
+    return make_settings
+
+
+@pytest.fixture
 def offline_settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path, start_ray=False, executor=False)
 
