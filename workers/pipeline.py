@@ -33,6 +33,7 @@ and an excess raises the same out-of-memory error as data parallelism.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -65,6 +66,7 @@ from workers.runtime import (
     step_timeout_s,
 )
 
+DEFAULT_OPTIMIZER = OptimizerConfig()
 FORWARD_SHARE = 1 / 3
 """Share of a micro-batch's paced time spent in the forward pass (backward ≈ 2× forward)."""
 
@@ -458,7 +460,7 @@ def train_pipeline(
     steps: int,
     seed: int,
     dataset: Path | None = None,
-    optimizer: OptimizerConfig = OptimizerConfig(),
+    optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
     simulated: bool = True,
     on_step: Callable[[StepMetrics], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -549,10 +551,8 @@ def train_pipeline(
             for part in parts:
                 merged.update(part)
             state = {"step": history[-1].step, "model": merged, "optimizer": None}
-        try:
+        with contextlib.suppress(WorkerError):  # results stand; actors are killed below
             gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
-        except WorkerError:
-            pass  # results stand; the actors are killed below anyway
     finally:
         kill_all(actors)
     return TrainResult(
