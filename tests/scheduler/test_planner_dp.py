@@ -273,7 +273,8 @@ def test_nothing_fits_is_a_plan_error_naming_devices() -> None:
 
 
 def test_unknown_strategy_lists_allowed() -> None:
-    with pytest.raises(PlanError, match=r"strategy: unknown 'fastest'; allowed: .*dp, even, proportional"):
+    allowed = r"strategy: unknown 'fastest'; allowed: .*dp, even, proportional"
+    with pytest.raises(PlanError, match=allowed):
         make_plan(profile_of(device("a/0")), 4, "fastest")
     assert set(ALL_STRATEGIES) <= set(STRATEGIES)
 
