@@ -1,0 +1,90 @@
+"""Pipeline runtime on simulated devices: the same training as one device, whatever the stages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scheduler.plan import DevicePlan, Plan
+from tests.workers.conftest import TINY, make_cluster
+from workers.data import ByteDataset
+from workers.model import GPT, lm_loss_sum
+from workers.pipeline import ordered_stages, sync_groups
+from workers.session import OptimizerConfig, WorkerError, train
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
+OPT = OptimizerConfig(lr=3e-3)
+SEED, STEPS, BATCH = 3, 3, 12
+
+
+def stage(device_id: str, *, samples: int, offset: int, micro: int, layers: tuple[int, int],
+          stage: int, pipeline: int = 0) -> DevicePlan:
+    return DevicePlan(id=device_id, samples=samples, micro_batch=-(-samples // micro),
+                      accum_steps=micro, busy_s=0.0, peak_bytes=0, offset=offset, layers=layers,
+                      stage=stage, pipeline=pipeline)
+
+
+def pipeline_plan(strategy: str, stages: list[DevicePlan]) -> Plan:
+    return Plan(strategy=strategy, global_batch=BATCH, predicted_step_s=0.5, compute_s=0.5,
+                comm_s=0.0, devices=tuple(stages))
+
+
+def single_device_losses() -> list[float]:
+    """Full-batch training in this process: what every plan must reproduce."""
+    model = GPT(TINY, seed=SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2),
+                            weight_decay=OPT.weight_decay)
+    data = ByteDataset(None, seq_len=TINY.seq_len)
+    losses = []
+    for step in range(STEPS):
+        x, y = data.device_batch(seed=SEED, step=step, global_batch=BATCH, offset=0,
+                                 samples=BATCH)
+        opt.zero_grad()
+        loss = lm_loss_sum(model(x), y) / (BATCH * TINY.seq_len)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+PP = pipeline_plan("pp", [
+    stage("a/0", samples=12, offset=0, micro=4, layers=(0, 1), stage=0),
+    stage("a/1", samples=12, offset=0, micro=4, layers=(1, 3), stage=1),
+    stage("a/2", samples=12, offset=0, micro=4, layers=(3, 4), stage=2),
+])
+HYBRID = pipeline_plan("hybrid", [  # a two-stage pipeline with 7 samples, a one-stage one with 5
+    stage("a/0", samples=7, offset=0, micro=3, layers=(0, 2), stage=0),
+    stage("a/1", samples=7, offset=0, micro=3, layers=(2, 4), stage=1),
+    stage("a/2", samples=5, offset=7, micro=2, layers=(0, 4), stage=0, pipeline=1),
+])
+
+
+def test_sync_groups_pair_the_holders_of_each_piece():
+    groups = dict((pieces, ranks) for ranks, pieces in sync_groups(ordered_stages(HYBRID)))
+    # tied embedding: a/0 (embedding), a/1 (head copy), a/2 (both)
+    assert groups[("wte",)] == (0, 1, 2)
+    assert groups[("wpe", "block0", "block1")] == (0, 2)
+    assert groups[("block2", "block3", "ln_f")] == (1, 2)
+    assert sync_groups(ordered_stages(PP)) == [((0, 2), ("wte",))]
+
+
+@pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
+def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir):
+    result = train(cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=SEED,
+                   optimizer=OPT, cache_dir=cache_dir)
+    assert result.steps_done == STEPS
+    assert result.losses == pytest.approx(single_device_losses(), rel=1e-4)
+    assert {d.id for d in result.devices} == {d.id for d in plan.devices}
+    for d in result.devices:
+        assert d.busy_s > 0 and d.peak_bytes > 0
+
+
+def test_broken_pipeline_is_a_one_line_error(cache_dir):
+    gap = pipeline_plan("pp", [
+        stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
+        stage("a/1", samples=12, offset=0, micro=2, layers=(2, 4), stage=1),
+    ])
+    with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
+        train(cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir)

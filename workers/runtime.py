@@ -1,0 +1,306 @@
+"""The data-parallel runtime: one Ray actor per device, uneven batches, exact gradients.
+
+Each actor (:class:`DataParallelWorker`, a plain class made remote where it is
+spawned) holds a full model replica built from the seed, joins a
+torch.distributed group (gloo on CPU, nccl on CUDA) at rank 0's address, and
+per step computes its slice ``[offset, offset + samples)`` of the global batch
+in ``accum_steps`` micro-batches. Its loss is the summed token cross-entropy
+divided by ``global_batch · seq_len`` (DESIGN.md, Correctness), so a SUM
+all-reduce of the gradients yields the full-batch mean gradient whatever the
+split, and AdamW steps identically on every rank (lockstep).
+
+Gradients live in one flat buffer (``p.grad`` are views into it, as DDP's
+``gradient_as_bucket_view``), with one extra slot for the loss sum; the
+all-reduce of that buffer starts as soon as the last micro-batch's backward is
+done and overlaps the rest of the device's time (pacing, on a simulated
+device). A step reports per device: busy time, time waiting at the
+all-reduce, and peak memory.
+
+Open for checkpoint/resume and re-planning: :func:`run_data_parallel` takes
+``start_step`` and an optional ``initial_state``; the actors expose
+``state_dict`` / ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from scheduler.cluster import Cluster
+from scheduler.models import ModelPreset
+from scheduler.plan import DevicePlan, Plan
+from workers.actors import actor_options, free_port, gather, kill_all
+from workers.data import ByteDataset
+from workers.devices import CudaDevice, Pacing, SimulatedDevice, TorchDevice
+from workers.errors import WorkerError
+from workers.model import GPT, lm_loss_sum
+from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult, median_devices
+
+SETUP_TIMEOUT_S = 180.0
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+COLLECTIVE_TIMEOUT_S = 120.0
+"""torch.distributed's own timeout; the driver kills stuck actors long before."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSpec:
+    """Everything one actor needs; plain data so that it crosses Ray as is."""
+
+    device_id: str
+    rank: int
+    world_size: int
+    preset: ModelPreset
+    seed: int
+    global_batch: int
+    offset: int
+    samples: int
+    micro_batch: int
+    accum_steps: int
+    optimizer: OptimizerConfig
+    dataset: Path | None
+    simulated: bool
+    capacity_bytes: int = 0
+    pacing: Pacing | None = None
+    dtype: str = "float32"
+    """Parameter and gradient precision; ``float64`` for exact verification runs."""
+
+
+def build_device(spec: WorkerSpec) -> TorchDevice:
+    if spec.simulated:
+        assert spec.pacing is not None
+        return SimulatedDevice(
+            device_id=spec.device_id, capacity_bytes=spec.capacity_bytes, pacing=spec.pacing
+        )
+    return CudaDevice(device_id=spec.device_id)
+
+
+def micro_batch_sizes(samples: int, accum_steps: int) -> list[int]:
+    """Sizes of ``accum_steps`` micro-batches as equal as integers allow.
+
+    >>> micro_batch_sizes(10, 3)
+    [4, 3, 3]
+    """
+    if samples == 0:
+        return []
+    k = max(1, min(accum_steps, samples))
+    return [samples // k + (1 if i < samples % k else 0) for i in range(k)]
+
+
+class DataParallelWorker:
+    """One device's share of data-parallel training (made remote by the driver)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec
+        self.device = build_device(spec)
+        self.model: GPT | None = None
+        self.step_done = -1
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port on its node."""
+        return free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        spec = self.spec
+        backend = "gloo" if spec.simulated else "nccl"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        device = self.device.torch_device
+        dtype = DTYPES[spec.dtype]
+        self.model = GPT(spec.preset, seed=spec.seed).to(device=device, dtype=dtype)
+        params = list(self.model.parameters())
+        total = sum(p.numel() for p in params)
+        # One flat buffer: every gradient is a view into it, the last slot holds the loss sum.
+        self.flat = torch.zeros(total + 1, device=device, dtype=dtype)
+        offset = 0
+        for p in params:
+            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        opt = spec.optimizer
+        self.optimizer = torch.optim.AdamW(
+            params, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+        )
+        self.data = ByteDataset(
+            spec.dataset, seq_len=spec.preset.seq_len, vocab_size=spec.preset.vocab_size
+        )
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Run step ``step``; returns loss, busy, wait and peak memory."""
+        spec, model = self.spec, self.model
+        assert model is not None, "setup() first"
+        model.train()
+        self.flat.zero_()
+        x, y = self.data.device_batch(
+            seed=spec.seed, step=step, global_batch=spec.global_batch,
+            offset=spec.offset, samples=spec.samples,
+        )
+        device = self.device.torch_device
+        x, y = x.to(device), y.to(device)
+        scale = 1.0 / (spec.global_batch * spec.preset.seq_len)
+        sizes = micro_batch_sizes(spec.samples, spec.accum_steps)
+        loss_sum = torch.zeros((), device=device, dtype=self.flat.dtype)
+        work: list[Any] = []
+
+        def start_all_reduce() -> None:
+            self.flat[-1] = loss_sum * scale
+            work.append(dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, async_op=True))
+
+        busy_s, peak_bytes, start = 0.0, 0, 0
+        for i, size in enumerate(sizes):
+            xi, yi = x[start : start + size], y[start : start + size]
+            start += size
+
+            def forward(xi: torch.Tensor = xi, yi: torch.Tensor = yi) -> torch.Tensor:
+                nonlocal loss_sum
+                loss = lm_loss_sum(model(xi), yi)
+                loss_sum = loss_sum + loss.detach()
+                return loss * scale
+
+            result = self.device.run_micro_batch(
+                forward, model=model, micro_batch=size,
+                after_backward=start_all_reduce if i == len(sizes) - 1 else None,
+            )
+            busy_s += result.busy_s
+            peak_bytes = max(peak_bytes, result.peak_bytes)
+        wait_start = time.perf_counter()
+        work[0].wait()
+        wait_s = time.perf_counter() - wait_start
+        self.optimizer.step()
+        self.step_done = step
+        return {"loss": float(self.flat[-1].item()), "busy_s": busy_s, "wait_s": wait_s,
+                "peak_bytes": peak_bytes}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state on the CPU, and the last step done (for checkpoints)."""
+        assert self.model is not None
+        return {
+            "step": self.step_done,
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.model is not None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_done = int(state.get("step", -1))
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def step_timeout_s(plan: Plan) -> float:
+    """Generous bound on one step: a slow step is fine, a hung one is an error."""
+    return max(60.0, 20.0 * plan.predicted_step_s)
+
+
+def make_specs(*, cluster: Cluster, preset: ModelPreset, plan: Plan, seed: int,
+               dataset: Path | None, optimizer: OptimizerConfig, simulated: bool,
+               pacing_of: Callable[[str], tuple[int, Pacing | None]],
+               dtype: str = "float32") -> list[WorkerSpec]:
+    if dtype not in DTYPES:
+        raise WorkerError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    active: list[DevicePlan] = list(plan.active)
+    specs = []
+    for rank, d in enumerate(active):
+        capacity, pacing = pacing_of(d.id)
+        specs.append(WorkerSpec(
+            device_id=d.id, rank=rank, world_size=len(active), preset=preset, seed=seed,
+            global_batch=plan.global_batch, offset=d.offset, samples=d.samples,
+            micro_batch=d.micro_batch, accum_steps=d.accum_steps, optimizer=optimizer,
+            dataset=dataset, simulated=simulated, capacity_bytes=capacity, pacing=pacing,
+            dtype=dtype,
+        ))
+    return specs
+
+
+def run_data_parallel(
+    *,
+    cluster: Cluster,
+    specs: list[WorkerSpec],
+    plan: Plan,
+    steps: int,
+    start_step: int = 0,
+    initial_state: dict[str, Any] | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    actor_name_prefix: str | None = None,
+    keep_state: bool = False,
+) -> TrainResult:
+    """Spawn one actor per spec, train ``steps`` steps from ``start_step``, tear down."""
+    if not specs:
+        raise WorkerError("plan: no device has any samples")
+    ids = [s.device_id for s in specs]
+    remote_cls = ray.remote(DataParallelWorker)
+    actors = []
+    history: list[StepMetrics] = []
+    stopped = False
+    try:
+        for spec in specs:
+            name = f"{actor_name_prefix}{spec.device_id}" if actor_name_prefix else None
+            options = actor_options(cluster.device(spec.device_id), simulated=spec.simulated,
+                                    name=name)
+            actors.append(remote_cls.options(**options).remote(spec))
+        addr, port = gather([actors[0].rendezvous.remote()], ids[:1],
+                            timeout_s=SETUP_TIMEOUT_S, what="rendezvous")[0]
+        gather([a.setup.remote(addr, port) for a in actors], ids,
+               timeout_s=SETUP_TIMEOUT_S, what="process-group setup")
+        if initial_state is not None:
+            gather([a.load_state_dict.remote(initial_state) for a in actors], ids,
+                   timeout_s=SETUP_TIMEOUT_S, what="state restore")
+        timeout = step_timeout_s(plan)
+        for step in range(start_step, start_step + steps):
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
+            begin = time.perf_counter()
+            out = gather([a.step.remote(step) for a in actors], ids,
+                         timeout_s=timeout, what=f"step {step}")
+            step_s = time.perf_counter() - begin
+            loss = out[0]["loss"]
+            if not math.isfinite(loss):
+                raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
+            metrics = StepMetrics(
+                step=step, loss=loss, step_s=step_s,
+                samples_per_s=plan.global_batch / step_s,
+                devices=tuple(DeviceStep(id=i, busy_s=o["busy_s"], wait_s=o["wait_s"],
+                                         peak_bytes=int(o["peak_bytes"]))
+                              for i, o in zip(ids, out, strict=True)),
+            )
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        state = None
+        if keep_state and history:
+            state = gather([actors[0].state_dict.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S,
+                           what="state save")[0]
+        try:
+            gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
+        except WorkerError:
+            pass  # the run's results stand; the actors are killed below anyway
+    finally:
+        kill_all(actors)
+    return TrainResult(
+        steps_done=len(history), losses=[m.loss for m in history],
+        step_times_s=[m.step_s for m in history], devices=median_devices(history),
+        stopped=stopped, state=state,
+    )
