@@ -17,6 +17,7 @@ communication errors of the peers last.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Sequence
@@ -110,7 +111,9 @@ def describe(device_id: str, exc: BaseException) -> str:
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, DeviceOutOfMemory):
         return str(exc.cause)
     if isinstance(exc, RayActorError):
-        return f"{device_id}: worker process died (actor lost; killed, crashed or out of host memory)"
+        return (
+            f"{device_id}: worker process died (actor lost: killed, crashed or out of host memory)"
+        )
     if isinstance(exc, RayTaskError):
         cause = exc.cause if exc.cause is not None else exc
         lines = [line for line in str(cause).strip().splitlines() if line.strip()]
@@ -119,8 +122,9 @@ def describe(device_id: str, exc: BaseException) -> str:
     return f"{device_id}: worker failed: {type(exc).__name__}: {exc}"
 
 
-def gather(refs: Sequence[ray.ObjectRef], device_ids: Sequence[str], *, timeout_s: float,
-           what: str) -> list[Any]:
+def gather(
+    refs: Sequence[ray.ObjectRef], device_ids: Sequence[str], *, timeout_s: float, what: str
+) -> list[Any]:
     """Results of ``refs`` in order, or :class:`WorkerError` naming the failing device."""
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
@@ -153,7 +157,5 @@ def gather(refs: Sequence[ray.ObjectRef], device_ids: Sequence[str], *, timeout_
 def kill_all(actors: Sequence[Any]) -> None:
     """End actors now; a hung collective cannot keep them (or the run) alive."""
     for actor in actors:
-        try:
+        with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone is fine
-            pass

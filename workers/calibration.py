@@ -111,8 +111,9 @@ def calibrate_host(
         if not refresh and path.exists():
             try:
                 raw = json.loads(path.read_text())
-                cal = HostCalibration(fixed_s=float(raw["fixed_s"]),
-                                      per_sample_s=float(raw["per_sample_s"]))
+                cal = HostCalibration(
+                    fixed_s=float(raw["fixed_s"]), per_sample_s=float(raw["per_sample_s"])
+                )
                 _MEMO[key] = cal
                 return cal
             except (OSError, ValueError, KeyError, TypeError):
@@ -121,7 +122,11 @@ def calibrate_host(
 
         cal = _measure_remote(preset) if ray.is_initialized() else measure_host(preset)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "fixed_s": cal.fixed_s,
-                                    "per_sample_s": cal.per_sample_s}, indent=2) + "\n")
+        path.write_text(
+            json.dumps(
+                {"key": key, "fixed_s": cal.fixed_s, "per_sample_s": cal.per_sample_s}, indent=2
+            )
+            + "\n"
+        )
         _MEMO[key] = cal
         return cal

@@ -72,10 +72,12 @@ def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:
     used = steps[1:] or steps
     out = []
     for i, first in enumerate(used[0].devices):
-        out.append(DeviceStep(
-            id=first.id,
-            busy_s=statistics.median(s.devices[i].busy_s for s in used),
-            wait_s=statistics.median(s.devices[i].wait_s for s in used),
-            peak_bytes=max(s.devices[i].peak_bytes for s in steps),
-        ))
+        out.append(
+            DeviceStep(
+                id=first.id,
+                busy_s=statistics.median(s.devices[i].busy_s for s in used),
+                wait_s=statistics.median(s.devices[i].wait_s for s in used),
+                peak_bytes=max(s.devices[i].peak_bytes for s in steps),
+            )
+        )
     return tuple(out)

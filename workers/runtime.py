@@ -23,6 +23,7 @@ Open for checkpoint/resume and re-planning: :func:`run_data_parallel` takes
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -146,8 +147,11 @@ class DataParallelWorker:
         model.train()
         self.flat.zero_()
         x, y = self.data.device_batch(
-            seed=spec.seed, step=step, global_batch=spec.global_batch,
-            offset=spec.offset, samples=spec.samples,
+            seed=spec.seed,
+            step=step,
+            global_batch=spec.global_batch,
+            offset=spec.offset,
+            samples=spec.samples,
         )
         device = self.device.torch_device
         x, y = x.to(device), y.to(device)
@@ -172,7 +176,9 @@ class DataParallelWorker:
                 return loss * scale
 
             result = self.device.run_micro_batch(
-                forward, model=model, micro_batch=size,
+                forward,
+                model=model,
+                micro_batch=size,
                 after_backward=start_all_reduce if i == len(sizes) - 1 else None,
             )
             busy_s += result.busy_s
@@ -182,8 +188,12 @@ class DataParallelWorker:
         wait_s = time.perf_counter() - wait_start
         self.optimizer.step()
         self.step_done = step
-        return {"loss": float(self.flat[-1].item()), "busy_s": busy_s, "wait_s": wait_s,
-                "peak_bytes": peak_bytes}
+        return {
+            "loss": float(self.flat[-1].item()),
+            "busy_s": busy_s,
+            "wait_s": wait_s,
+            "peak_bytes": peak_bytes,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer state on the CPU, and the last step done (for checkpoints)."""
@@ -213,23 +223,44 @@ def step_timeout_s(plan: Plan) -> float:
     return max(60.0, 20.0 * plan.predicted_step_s)
 
 
-def make_specs(*, cluster: Cluster, preset: ModelPreset, plan: Plan, seed: int,
-               dataset: Path | None, optimizer: OptimizerConfig, simulated: bool,
-               pacing_of: Callable[[str], tuple[int, Pacing | None]],
-               dtype: str = "float32") -> list[WorkerSpec]:
+def make_specs(
+    *,
+    cluster: Cluster,
+    preset: ModelPreset,
+    plan: Plan,
+    seed: int,
+    dataset: Path | None,
+    optimizer: OptimizerConfig,
+    simulated: bool,
+    pacing_of: Callable[[str], tuple[int, Pacing | None]],
+    dtype: str = "float32",
+) -> list[WorkerSpec]:
     if dtype not in DTYPES:
         raise WorkerError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
     active: list[DevicePlan] = list(plan.active)
     specs = []
     for rank, d in enumerate(active):
         capacity, pacing = pacing_of(d.id)
-        specs.append(WorkerSpec(
-            device_id=d.id, rank=rank, world_size=len(active), preset=preset, seed=seed,
-            global_batch=plan.global_batch, offset=d.offset, samples=d.samples,
-            micro_batch=d.micro_batch, accum_steps=d.accum_steps, optimizer=optimizer,
-            dataset=dataset, simulated=simulated, capacity_bytes=capacity, pacing=pacing,
-            dtype=dtype,
-        ))
+        specs.append(
+            WorkerSpec(
+                device_id=d.id,
+                rank=rank,
+                world_size=len(active),
+                preset=preset,
+                seed=seed,
+                global_batch=plan.global_batch,
+                offset=d.offset,
+                samples=d.samples,
+                micro_batch=d.micro_batch,
+                accum_steps=d.accum_steps,
+                optimizer=optimizer,
+                dataset=dataset,
+                simulated=simulated,
+                capacity_bytes=capacity,
+                pacing=pacing,
+                dtype=dtype,
+            )
+        )
     return specs
 
 
@@ -257,50 +288,75 @@ def run_data_parallel(
     try:
         for spec in specs:
             name = f"{actor_name_prefix}{spec.device_id}" if actor_name_prefix else None
-            options = actor_options(cluster.device(spec.device_id), simulated=spec.simulated,
-                                    name=name)
+            options = actor_options(
+                cluster.device(spec.device_id), simulated=spec.simulated, name=name
+            )
             actors.append(remote_cls.options(**options).remote(spec))
-        addr, port = gather([actors[0].rendezvous.remote()], ids[:1],
-                            timeout_s=SETUP_TIMEOUT_S, what="rendezvous")[0]
-        gather([a.setup.remote(addr, port) for a in actors], ids,
-               timeout_s=SETUP_TIMEOUT_S, what="process-group setup")
+        addr, port = gather(
+            [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
+        )[0]
+        gather(
+            [a.setup.remote(addr, port) for a in actors],
+            ids,
+            timeout_s=SETUP_TIMEOUT_S,
+            what="process-group setup",
+        )
         if initial_state is not None:
-            gather([a.load_state_dict.remote(initial_state) for a in actors], ids,
-                   timeout_s=SETUP_TIMEOUT_S, what="state restore")
+            gather(
+                [a.load_state_dict.remote(initial_state) for a in actors],
+                ids,
+                timeout_s=SETUP_TIMEOUT_S,
+                what="state restore",
+            )
         timeout = step_timeout_s(plan)
         for step in range(start_step, start_step + steps):
             if should_stop is not None and should_stop():
                 stopped = True
                 break
             begin = time.perf_counter()
-            out = gather([a.step.remote(step) for a in actors], ids,
-                         timeout_s=timeout, what=f"step {step}")
+            out = gather(
+                [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
+            )
             step_s = time.perf_counter() - begin
             loss = out[0]["loss"]
             if not math.isfinite(loss):
                 raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
             metrics = StepMetrics(
-                step=step, loss=loss, step_s=step_s,
+                step=step,
+                loss=loss,
+                step_s=step_s,
                 samples_per_s=plan.global_batch / step_s,
-                devices=tuple(DeviceStep(id=i, busy_s=o["busy_s"], wait_s=o["wait_s"],
-                                         peak_bytes=int(o["peak_bytes"]))
-                              for i, o in zip(ids, out, strict=True)),
+                devices=tuple(
+                    DeviceStep(
+                        id=i,
+                        busy_s=o["busy_s"],
+                        wait_s=o["wait_s"],
+                        peak_bytes=int(o["peak_bytes"]),
+                    )
+                    for i, o in zip(ids, out, strict=True)
+                ),
             )
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
         state = None
         if keep_state and history:
-            state = gather([actors[0].state_dict.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S,
-                           what="state save")[0]
-        try:
+            state = gather(
+                [actors[0].state_dict.remote()],
+                ids[:1],
+                timeout_s=SETUP_TIMEOUT_S,
+                what="state save",
+            )[0]
+        # The run's results stand even if a teardown fails; the actors are killed below anyway.
+        with contextlib.suppress(WorkerError):
             gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
-        except WorkerError:
-            pass  # the run's results stand; the actors are killed below anyway
     finally:
         kill_all(actors)
     return TrainResult(
-        steps_done=len(history), losses=[m.loss for m in history],
-        step_times_s=[m.step_s for m in history], devices=median_devices(history),
-        stopped=stopped, state=state,
+        steps_done=len(history),
+        losses=[m.loss for m in history],
+        step_times_s=[m.step_s for m in history],
+        devices=median_devices(history),
+        stopped=stopped,
+        state=state,
     )

@@ -52,6 +52,7 @@ __all__ = [
     "train",
 ]
 
+DEFAULT_OPTIMIZER = OptimizerConfig()
 _RUN_IDS = itertools.count()
 _RUN_LOCK = threading.Lock()
 
@@ -67,8 +68,9 @@ def pacing_margin(cluster: Cluster) -> float:
         try:
             value = float(env)
         except ValueError:
-            raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}") \
-                from None
+            raise WorkerError(
+                f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}"
+            ) from None
         if value < 1:
             raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}")
         return value
@@ -76,8 +78,9 @@ def pacing_margin(cluster: Cluster) -> float:
     return default_margin(len(cluster.devices), min(num_cpus, os.cpu_count() or num_cpus))
 
 
-def simulated_pacing(cluster: Cluster, model: ModelPreset, *, cache_dir: Path | None,
-                     refresh: bool = False) -> Callable[[str], tuple[int, Pacing]]:
+def simulated_pacing(
+    cluster: Cluster, model: ModelPreset, *, cache_dir: Path | None, refresh: bool = False
+) -> Callable[[str], tuple[int, Pacing]]:
     """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``."""
     host = calibrate_host(model, cache_dir=cache_dir, refresh=refresh)
     margin = pacing_margin(cluster)
@@ -109,14 +112,23 @@ def connect_ray(address: str) -> Cluster:
         num_gpus = int(resources.get("GPU", 0))
         if not info.get("Alive") or num_gpus == 0:
             continue
-        accel = next((k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")),
-                     "")
+        accel = next(
+            (k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), ""
+        )
         gpu_key = _catalogue_key(accel)
         gpu = lookup(gpu_key)
         node = str(info["NodeManagerAddress"])
         for index in range(num_gpus):
-            devices.append(Device(id=f"{node}/{index}", node=node, index=index, type=gpu.key,
-                                  memory_gb=gpu.memory_gb, peak_tflops=gpu.peak_tflops))
+            devices.append(
+                Device(
+                    id=f"{node}/{index}",
+                    node=node,
+                    index=index,
+                    type=gpu.key,
+                    memory_gb=gpu.memory_gb,
+                    peak_tflops=gpu.peak_tflops,
+                )
+            )
     if not devices:
         raise WorkerError(f"ray-address: the Ray cluster at {address} has no GPU nodes")
     return Cluster(name=f"ray-{address}", devices=tuple(devices), links=Links())
@@ -135,27 +147,49 @@ def _catalogue_key(accelerator: str) -> str:
     return max(matches, key=lambda g: g.memory_gb).key
 
 
-def profile_cluster(cluster: Cluster, model: ModelPreset, *, device_ids: list[str] | None = None,
-                    cache_dir: Path, refresh: bool = False, simulated: bool = True) -> Profile:
+def profile_cluster(
+    cluster: Cluster,
+    model: ModelPreset,
+    *,
+    device_ids: list[str] | None = None,
+    cache_dir: Path,
+    refresh: bool = False,
+    simulated: bool = True,
+) -> Profile:
     """Measure each device (cached) and return the profile of DESIGN.md."""
     from workers.profiler import profile_devices
 
     check_trainable(model)
-    return profile_devices(cluster, model, device_ids=device_ids, cache_dir=cache_dir,
-                           refresh=refresh, simulated=simulated)
+    return profile_devices(
+        cluster,
+        model,
+        device_ids=device_ids,
+        cache_dir=cache_dir,
+        refresh=refresh,
+        simulated=simulated,
+    )
 
 
 def needs_pipeline(plan: Plan) -> bool:
     return plan.strategy not in DP_STRATEGIES or any(d.layers is not None for d in plan.devices)
 
 
-def train(*, cluster: Cluster, model: ModelPreset, plan: Plan, steps: int, seed: int,
-          dataset: Path | None = None, optimizer: OptimizerConfig = OptimizerConfig(),
-          simulated: bool = True,
-          on_step: Callable[[StepMetrics], None] | None = None,
-          should_stop: Callable[[], bool] | None = None,
-          cache_dir: Path | None = None, dtype: str = "float32",
-          keep_state: bool = False) -> TrainResult:
+def train(
+    *,
+    cluster: Cluster,
+    model: ModelPreset,
+    plan: Plan,
+    steps: int,
+    seed: int,
+    dataset: Path | None = None,
+    optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
+    simulated: bool = True,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    cache_dir: Path | None = None,
+    dtype: str = "float32",
+    keep_state: bool = False,
+) -> TrainResult:
     """Train ``plan`` for ``steps`` steps and return the losses and timings.
 
     One Ray actor per active device of the plan and a fresh torch.distributed
@@ -180,22 +214,47 @@ def train(*, cluster: Cluster, model: ModelPreset, plan: Plan, steps: int, seed:
     if simulated:
         pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir or default_cache_dir())
     else:
+
         def pacing_of(device_id: str) -> tuple[int, Pacing | None]:
             return 0, None
+
     if needs_pipeline(plan):
         pipeline = importlib.import_module("workers.pipeline")
         return pipeline.train_pipeline(
-            cluster=cluster, model=model, plan=plan, steps=steps, seed=seed, dataset=dataset,
-            optimizer=optimizer, simulated=simulated, on_step=on_step,
-            should_stop=should_stop, pacing_of=pacing_of, dtype=dtype, keep_state=keep_state,
+            cluster=cluster,
+            model=model,
+            plan=plan,
+            steps=steps,
+            seed=seed,
+            dataset=dataset,
+            optimizer=optimizer,
+            simulated=simulated,
+            on_step=on_step,
+            should_stop=should_stop,
+            pacing_of=pacing_of,
+            dtype=dtype,
+            keep_state=keep_state,
         )
-    specs = make_specs(cluster=cluster, preset=model, plan=plan, seed=seed, dataset=dataset,
-                       optimizer=optimizer, simulated=simulated, pacing_of=pacing_of,
-                       dtype=dtype)
+    specs = make_specs(
+        cluster=cluster,
+        preset=model,
+        plan=plan,
+        seed=seed,
+        dataset=dataset,
+        optimizer=optimizer,
+        simulated=simulated,
+        pacing_of=pacing_of,
+        dtype=dtype,
+    )
     with _RUN_LOCK:
         run_id = next(_RUN_IDS)
     return run_data_parallel(
-        cluster=cluster, specs=specs, plan=plan, steps=steps, on_step=on_step,
-        should_stop=should_stop, actor_name_prefix=f"hetsched-dp-{os.getpid()}-{run_id}-",
+        cluster=cluster,
+        specs=specs,
+        plan=plan,
+        steps=steps,
+        on_step=on_step,
+        should_stop=should_stop,
+        actor_name_prefix=f"hetsched-dp-{os.getpid()}-{run_id}-",
         keep_state=keep_state,
     )

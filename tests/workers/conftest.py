@@ -16,11 +16,13 @@ TINY = get_preset("gpt-tiny")
 
 
 def make_cluster(types: list[str], *, memory_scale: float = 0.01, name: str = "t") -> Cluster:
-    return parse_cluster({
-        "name": name,
-        "nodes": [{"name": "a", "devices": [{"type": t} for t in types]}],
-        "simulation": {"memory_scale": memory_scale},
-    })
+    return parse_cluster(
+        {
+            "name": name,
+            "nodes": [{"name": "a", "devices": [{"type": t} for t in types]}],
+            "simulation": {"memory_scale": memory_scale},
+        }
+    )
 
 
 def manual_plan(split: list[tuple[str, int, int]], *, strategy: str = "dp") -> Plan:
@@ -28,11 +30,26 @@ def manual_plan(split: list[tuple[str, int, int]], *, strategy: str = "dp") -> P
     devices, offset = [], 0
     for device_id, samples, micro in split:
         accum = -(-samples // micro) if samples else 0
-        devices.append(DevicePlan(id=device_id, samples=samples, micro_batch=micro,
-                                  accum_steps=accum, busy_s=0.0, peak_bytes=0, offset=offset))
+        devices.append(
+            DevicePlan(
+                id=device_id,
+                samples=samples,
+                micro_batch=micro,
+                accum_steps=accum,
+                busy_s=0.0,
+                peak_bytes=0,
+                offset=offset,
+            )
+        )
         offset += samples
-    return Plan(strategy=strategy, global_batch=offset, predicted_step_s=0.5, compute_s=0.5,
-                comm_s=0.0, devices=tuple(devices))
+    return Plan(
+        strategy=strategy,
+        global_batch=offset,
+        predicted_step_s=0.5,
+        compute_s=0.5,
+        comm_s=0.0,
+        devices=tuple(devices),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -19,28 +19,51 @@ OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH = 3, 3, 12
 
 
-def stage(device_id: str, *, samples: int, offset: int, micro: int, layers: tuple[int, int],
-          stage: int, pipeline: int = 0) -> DevicePlan:
-    return DevicePlan(id=device_id, samples=samples, micro_batch=-(-samples // micro),
-                      accum_steps=micro, busy_s=0.0, peak_bytes=0, offset=offset, layers=layers,
-                      stage=stage, pipeline=pipeline)
+def stage(
+    device_id: str,
+    *,
+    samples: int,
+    offset: int,
+    micro: int,
+    layers: tuple[int, int],
+    stage: int,
+    pipeline: int = 0,
+) -> DevicePlan:
+    return DevicePlan(
+        id=device_id,
+        samples=samples,
+        micro_batch=-(-samples // micro),
+        accum_steps=micro,
+        busy_s=0.0,
+        peak_bytes=0,
+        offset=offset,
+        layers=layers,
+        stage=stage,
+        pipeline=pipeline,
+    )
 
 
 def pipeline_plan(strategy: str, stages: list[DevicePlan]) -> Plan:
-    return Plan(strategy=strategy, global_batch=BATCH, predicted_step_s=0.5, compute_s=0.5,
-                comm_s=0.0, devices=tuple(stages))
+    return Plan(
+        strategy=strategy,
+        global_batch=BATCH,
+        predicted_step_s=0.5,
+        compute_s=0.5,
+        comm_s=0.0,
+        devices=tuple(stages),
+    )
 
 
 def single_device_losses() -> list[float]:
     """Full-batch training in this process: what every plan must reproduce."""
     model = GPT(TINY, seed=SEED)
-    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2),
-                            weight_decay=OPT.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), weight_decay=OPT.weight_decay
+    )
     data = ByteDataset(None, seq_len=TINY.seq_len)
     losses = []
     for step in range(STEPS):
-        x, y = data.device_batch(seed=SEED, step=step, global_batch=BATCH, offset=0,
-                                 samples=BATCH)
+        x, y = data.device_batch(seed=SEED, step=step, global_batch=BATCH, offset=0, samples=BATCH)
         opt.zero_grad()
         loss = lm_loss_sum(model(x), y) / (BATCH * TINY.seq_len)
         loss.backward()
@@ -49,16 +72,22 @@ def single_device_losses() -> list[float]:
     return losses
 
 
-PP = pipeline_plan("pp", [
-    stage("a/0", samples=12, offset=0, micro=4, layers=(0, 1), stage=0),
-    stage("a/1", samples=12, offset=0, micro=4, layers=(1, 3), stage=1),
-    stage("a/2", samples=12, offset=0, micro=4, layers=(3, 4), stage=2),
-])
-HYBRID = pipeline_plan("hybrid", [  # a two-stage pipeline with 7 samples, a one-stage one with 5
-    stage("a/0", samples=7, offset=0, micro=3, layers=(0, 2), stage=0),
-    stage("a/1", samples=7, offset=0, micro=3, layers=(2, 4), stage=1),
-    stage("a/2", samples=5, offset=7, micro=2, layers=(0, 4), stage=0, pipeline=1),
-])
+PP = pipeline_plan(
+    "pp",
+    [
+        stage("a/0", samples=12, offset=0, micro=4, layers=(0, 1), stage=0),
+        stage("a/1", samples=12, offset=0, micro=4, layers=(1, 3), stage=1),
+        stage("a/2", samples=12, offset=0, micro=4, layers=(3, 4), stage=2),
+    ],
+)
+HYBRID = pipeline_plan(
+    "hybrid",
+    [  # a two-stage pipeline with 7 samples, a one-stage one with 5
+        stage("a/0", samples=7, offset=0, micro=3, layers=(0, 2), stage=0),
+        stage("a/1", samples=7, offset=0, micro=3, layers=(2, 4), stage=1),
+        stage("a/2", samples=5, offset=7, micro=2, layers=(0, 4), stage=0, pipeline=1),
+    ],
+)
 
 
 def test_sync_groups_pair_the_holders_of_each_piece():
@@ -72,8 +101,15 @@ def test_sync_groups_pair_the_holders_of_each_piece():
 
 @pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
 def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir):
-    result = train(cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=SEED,
-                   optimizer=OPT, cache_dir=cache_dir)
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=STEPS,
+        seed=SEED,
+        optimizer=OPT,
+        cache_dir=cache_dir,
+    )
     assert result.steps_done == STEPS
     assert result.losses == pytest.approx(single_device_losses(), rel=1e-4)
     assert {d.id for d in result.devices} == {d.id for d in plan.devices}
@@ -82,9 +118,12 @@ def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir
 
 
 def test_broken_pipeline_is_a_one_line_error(cache_dir):
-    gap = pipeline_plan("pp", [
-        stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
-        stage("a/1", samples=12, offset=0, micro=2, layers=(2, 4), stage=1),
-    ])
+    gap = pipeline_plan(
+        "pp",
+        [
+            stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
+            stage("a/1", samples=12, offset=0, micro=2, layers=(2, 4), stage=1),
+        ],
+    )
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
         train(cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir)

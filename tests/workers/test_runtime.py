@@ -22,12 +22,14 @@ OPT = OptimizerConfig(lr=3e-3)
 def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.Tensor:
     """Plain full-batch AdamW training in this process, in float64: the reference."""
     model = GPT(TINY, seed=seed).double()
-    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2),
-                            weight_decay=OPT.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), weight_decay=OPT.weight_decay
+    )
     data = ByteDataset(None, seq_len=TINY.seq_len)
     for step in range(steps):
-        x, y = data.device_batch(seed=seed, step=step, global_batch=global_batch, offset=0,
-                                 samples=global_batch)
+        x, y = data.device_batch(
+            seed=seed, step=step, global_batch=global_batch, offset=0, samples=global_batch
+        )
         opt.zero_grad()
         loss = lm_loss_sum(model(x), y) / (global_batch * TINY.seq_len)
         loss.backward()
@@ -38,8 +40,17 @@ def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.
 def test_uneven_three_device_split_matches_single_process_training(cache_dir) -> None:
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
-    result = train(cluster=CLUSTER, model=TINY, plan=plan, steps=4, seed=5, optimizer=OPT,
-                   cache_dir=cache_dir, dtype="float64", keep_state=True)
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=4,
+        seed=5,
+        optimizer=OPT,
+        cache_dir=cache_dir,
+        dtype="float64",
+        keep_state=True,
+    )
     assert result.steps_done == 4 and result.state is not None
     model = GPT(TINY, seed=5).double()
     model.load_state_dict(result.state["model"])
@@ -63,8 +74,11 @@ def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir) -> No
     """The T4 here has 16 GiB × 0.01 = 172 MB; 200 samples in one micro-batch do not fit."""
     plan = manual_plan([("a/0", 2, 2), ("a/1", 200, 200)])
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"^a/1: out of memory: micro-batch 200 needs [\d.]+ MB, "
-                       r"capacity 171\.8 MB$"):
+    with pytest.raises(
+        WorkerError,
+        match=r"^a/1: out of memory: micro-batch 200 needs [\d.]+ MB, "
+        r"capacity 171\.8 MB$",
+    ):
         train(cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir)
     assert time.monotonic() - start < 90
 
@@ -74,21 +88,38 @@ def test_an_actor_that_dies_ends_the_run_with_an_error_in_bounded_time(cache_dir
 
     def kill_the_t4(metrics) -> None:
         if metrics.step == 1:
-            name = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
-                        if n["name"].endswith("-a/1"))
+            name = next(
+                n["name"]
+                for n in ray.util.list_named_actors(all_namespaces=True)
+                if n["name"].endswith("-a/1")
+            )
             ray.kill(ray.get_actor(name))
 
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"^a/1: worker process died"):
-        train(cluster=CLUSTER, model=TINY, plan=plan, steps=50, seed=0, on_step=kill_the_t4,
-              cache_dir=cache_dir)
+        train(
+            cluster=CLUSTER,
+            model=TINY,
+            plan=plan,
+            steps=50,
+            seed=0,
+            on_step=kill_the_t4,
+            cache_dir=cache_dir,
+        )
     assert time.monotonic() - start < 120
 
 
 def test_loss_really_falls(cache_dir) -> None:
     plan = manual_plan([("a/0", 16, 16)])
-    result = train(cluster=CLUSTER, model=TINY, plan=plan, steps=30, seed=1, cache_dir=cache_dir,
-                   optimizer=OptimizerConfig(lr=1e-2))
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=30,
+        seed=1,
+        cache_dir=cache_dir,
+        optimizer=OptimizerConfig(lr=1e-2),
+    )
     first, last = result.losses[0], sum(result.losses[-5:]) / 5
     assert first == pytest.approx(5.55, abs=0.2)  # ln 256: uniform over bytes at init
     assert last < 0.7 * first, result.losses
@@ -97,6 +128,14 @@ def test_loss_really_falls(cache_dir) -> None:
 def test_should_stop_ends_the_run_between_steps(cache_dir) -> None:
     plan = manual_plan([("a/0", 2, 2), ("a/2", 2, 2)])
     seen = []
-    result = train(cluster=CLUSTER, model=TINY, plan=plan, steps=20, seed=0,
-                   on_step=seen.append, should_stop=lambda: len(seen) >= 2, cache_dir=cache_dir)
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=20,
+        seed=0,
+        on_step=seen.append,
+        should_stop=lambda: len(seen) >= 2,
+        cache_dir=cache_dir,
+    )
     assert result.stopped and result.steps_done == 2 and len(result.losses) == 2
