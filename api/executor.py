@@ -169,12 +169,23 @@ class Executor:
         spec = job.spec
         model = model_from_ref(spec["model"])
         self.store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
+        self._check_stop(job.id, live)
+        if live.stop.is_set():
+            return self._stopped(0)
         profile = self.profiler.measure(model, live.devices)
         plan = make_plan(profile, int(spec["global_batch"]), str(spec["strategy"]))
-        self.store.set_plan(job.id, plan.to_dict())
+        active = [d.id for d in plan.active]
+        self.store.set_plan(job.id, plan.to_dict(), active)
         self.store.log(job.id, "INFO", plan_summary(plan))
         for excluded in plan.excluded:
             self.store.log(job.id, "WARNING", f"{excluded.id} left out: {excluded.reason}")
+        released = [d for d in live.devices if d not in active]
+        if released:
+            with self._lock:
+                live.devices = active
+            self.store.log(job.id, "INFO", f"released {', '.join(released)} (not in the plan)")
+            self._wake.set()
+        self._check_stop(job.id, live)
         if live.stop.is_set():
             return self._stopped(0)
         dataset = resolve_dataset(
@@ -232,6 +243,12 @@ class Executor:
         if result.stopped or result.steps_done < steps:
             return self._stopped(result.steps_done)
         return SUCCEEDED, f"finished {result.steps_done} steps"
+
+    def _check_stop(self, job_id: str, live: LiveJob) -> None:
+        """Pick up a stop request stored before this job's event existed."""
+        record = self.store.get(job_id)
+        if record is not None and record.stop_requested:
+            live.stop.set()
 
     def _stopped(self, steps_done: int) -> tuple[str | None, str]:
         if self._closing.is_set():

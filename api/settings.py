@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     """Holds the SQLite database, the profile cache and datasets jobs may name."""
     db_url: str | None = None
     """Any SQLAlchemy URL; default ``sqlite:///<data_dir>/hetsched.db``."""
+    cache_dir: Path | None = None
+    """Profile and host-calibration cache; default ``<data_dir>/cache``."""
     cluster: Path | None = None
     """Cluster spec to simulate locally; default the bundled local-sim.yaml."""
     ray_address: str | None = None
@@ -49,7 +51,7 @@ class Settings(BaseSettings):
 
     @property
     def profile_cache_dir(self) -> Path:
-        return self.data_dir / "profiles"
+        return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
 
     @property
     def token(self) -> str | None:

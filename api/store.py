@@ -238,11 +238,13 @@ class JobStore:
             message="profiling",
         )
 
-    def set_plan(self, job_id: str, plan: dict[str, Any]) -> None:
+    def set_plan(self, job_id: str, plan: dict[str, Any], devices: list[str]) -> None:
+        """Store the plan and the devices it uses (the others are handed back)."""
         self._transition(
             job_id,
             [RUNNING],
             plan_json=json.dumps(plan),
+            devices_json=json.dumps(devices),
             predicted_step_s=float(plan["predicted_step_s"]),
             message="training",
         )

@@ -1,0 +1,129 @@
+"""Benchmarks of the control plane as users run it: ``hetsched serve`` in its own process.
+
+    .venv/bin/python -m pytest tests/api/test_api_benchmark.py -m benchmark -s
+
+Measures (printed, and bounded loosely so a loaded machine does not fail them):
+- submit-to-first-step latency on the embedded simulation cluster, cold (the
+  profile is measured) and warm (cached profile);
+- the p50/p99 latency of ``GET /api/v1/jobs/{id}`` with 50 concurrent clients
+  polling while a job trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.benchmark
+
+NUM_CLIENTS = 50
+POLL_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).json()["cluster"] == "available":
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "serve exited"
+        assert time.monotonic() < deadline, "hetsched serve did not come up"
+        time.sleep(0.5)
+    yield url
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _first_step_s(url: str, steps: int) -> tuple[str, float]:
+    body = {"name": "bench", "model": "gpt-tiny", "global_batch": 32, "steps": steps}
+    start = time.monotonic()
+    job = httpx.post(f"{url}/api/v1/jobs", json=body, timeout=10).json()
+    while True:
+        state = httpx.get(f"{url}/api/v1/jobs/{job['id']}", timeout=10).json()
+        if state["steps_done"] >= 1:
+            return job["id"], time.monotonic() - start
+        assert state["state"] in ("PENDING", "RUNNING"), state["message"]
+        assert time.monotonic() - start < 300
+        time.sleep(0.02)
+
+
+async def _poll(url: str, job_id: str) -> list[float]:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=NUM_CLIENTS)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+
+        async def one_client() -> None:
+            end = time.monotonic() + POLL_S
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                response = await client.get(f"/api/v1/jobs/{job_id}")
+                latencies.append(time.perf_counter() - t0)
+                assert response.status_code == 200
+
+        await asyncio.gather(*(one_client() for _ in range(NUM_CLIENTS)))
+    return latencies
+
+
+def test_submit_to_first_step_and_polling_latency(server: str) -> None:
+    cold_id, cold_s = _first_step_s(server, steps=3)
+    while httpx.get(f"{server}/api/v1/jobs/{cold_id}").json()["state"] == "RUNNING":
+        time.sleep(0.2)
+    job_id, warm_s = _first_step_s(server, steps=10_000)
+    latencies = sorted(asyncio.run(_poll(server, job_id)))
+    job = httpx.get(f"{server}/api/v1/jobs/{job_id}").json()
+    httpx.post(f"{server}/api/v1/jobs/{job_id}/stop")
+    p50 = statistics.median(latencies)
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"\nsubmit -> first step: cold {cold_s:.2f} s (profiling), warm {warm_s:.2f} s")
+    print(
+        f"GET /jobs/{{id}} with {NUM_CLIENTS} clients for {POLL_S:.0f} s while training: "
+        f"{len(latencies)} requests, {len(latencies) / POLL_S:.0f}/s, "
+        f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms; "
+        f"job kept training: {job['steps_done']} steps, state {job['state']}"
+    )
+    assert job["state"] == "RUNNING"
+    assert warm_s < 60 and p99 < 2.0
