@@ -43,9 +43,10 @@ def _summary(plan: Plan) -> str:
     elif plan.strategy == "hybrid":
         shape = f", {len(pipelines)} pipeline(s)"
     left = f", {len(plan.excluded)} left out" if plan.excluded else ""
+    noun = "device" if used == 1 else "devices"
     return (
         f"{plan.strategy} {plan.predicted_step_s:.4g} s/step "
-        f"({plan.predicted_samples_per_s:.4g} samples/s, {used} devices{shape}{left})"
+        f"({plan.predicted_samples_per_s:.4g} samples/s, {used} {noun}{shape}{left})"
     )
 
 
@@ -55,15 +56,26 @@ def _why(winner: Plan, others: dict[str, Plan]) -> str:
         return f"{winner.strategy} wins: the only strategy that fits"
     runner_up = min(rivals, key=lambda p: p.predicted_step_s)
     speedup = runner_up.predicted_step_s / winner.predicted_step_s
-    why = f"{winner.strategy} wins: predicted {speedup:.2f}× the throughput of {runner_up.strategy}"
-    if speedup < 1 + PREFERENCE_MARGIN:
-        why = f"{winner.strategy} wins: within {PREFERENCE_MARGIN:.0%} of the fastest and simpler"
-    dp = others.get("dp")
-    if dp is not None and winner.strategy != "dp" and len(winner.active) > len(dp.active):
-        why += (
-            f"; it uses {len(winner.active)} devices where dp uses {len(dp.active)} "
-            "(model states or activations do not fit the others under dp)"
+    if speedup >= 1:
+        why = (
+            f"{winner.strategy} wins: predicted {speedup:.2f}× the throughput of "
+            f"{runner_up.strategy}"
         )
+    else:
+        why = (
+            f"{winner.strategy} wins: {runner_up.strategy} is predicted only "
+            f"{1 / speedup - 1:.1%} faster, under the {PREFERENCE_MARGIN:.0%} margin a more "
+            "elaborate strategy needs, and is not simpler"
+        )
+    dp = others.get("dp")
+    if dp is not None and winner.strategy != "dp":
+        if runner_up is not dp:
+            why += f", {dp.predicted_step_s / winner.predicted_step_s:.2f}× that of dp"
+        if len(winner.active) > len(dp.active):
+            why += (
+                f"; it uses {len(winner.active)} devices where dp uses {len(dp.active)} "
+                "(model states or activations do not fit the others under dp)"
+            )
     return why
 
 

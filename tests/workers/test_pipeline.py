@@ -68,7 +68,7 @@ def single_device_losses() -> list[float]:
         loss = lm_loss_sum(model(x), y) / (BATCH * TINY.seq_len)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
