@@ -338,13 +338,13 @@ def _to_plan(
     excluded += [
         Excluded(id=d.id, reason=exclusion_reason(d, tied)) for d in usable if d.id not in used
     ]
-    used = [(n, c) for c, n in zip(best.chains, best.counts, strict=True) if n]
-    shares = ", ".join(f"{n}×{c.micro_batch}" for n, c in used)
-    if len(used) > 8:
-        lengths = sorted({len(c.stages) for _, c in used})
+    running = [(n, c) for c, n in zip(best.chains, best.counts, strict=True) if n]
+    shares = ", ".join(f"{n}×{c.micro_batch}" for n, c in running)
+    if len(running) > 8:
+        lengths = sorted({len(c.stages) for _, c in running})
         shares = (
-            f"{min(n for n, _ in used)} to {max(n for n, _ in used)} of "
-            f"{used[0][1].micro_batch}; pipelines of {lengths} stages"
+            f"{min(n for n, _ in running)} to {max(n for n, _ in running)} of "
+            f"{running[0][1].micro_batch}; pipelines of {lengths} stages"
         )
     notes = (
         f"hybrid: {index} pipeline(s) grouped by {best.grouping}; micro-batches per "
