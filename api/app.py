@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +26,7 @@ from api.db import make_engine
 from api.deps import AppState
 from api.executor import Executor
 from api.routes import api_router, health, metrics
-from api.services import Profiler, connect_cluster
+from api.services import ClusterHandle, Profiler, connect_cluster
 from api.settings import Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError, PlanError
@@ -88,13 +90,27 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
+def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHandle:
+    """``ray.init`` replaces SIGTERM/SIGINT handlers with ``sys.exit``; put uvicorn's back
+    so that stopping the server shuts it down gracefully."""
+    if threading.current_thread() is not threading.main_thread():
+        return connect()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return connect()
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def build_state(settings: Settings) -> AppState:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(make_engine(settings.database_url))
     failed = store.fail_interrupted()
     if failed:
         log.warning("marked %d interrupted job(s) FAILED: %s", len(failed), ", ".join(failed))
-    handle = connect_cluster(settings)
+    handle = _keeping_signal_handlers(lambda: connect_cluster(settings))
     if not handle.available:
         log.warning("cluster unavailable: %s", handle.message)
     profiler = Profiler(store=store, handle=handle, cache_dir=settings.profile_cache_dir)
