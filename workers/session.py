@@ -232,6 +232,7 @@ def train(
             on_step=on_step,
             should_stop=should_stop,
             pacing_of=pacing_of,
+            cache_dir=cache_dir,
             dtype=dtype,
             keep_state=keep_state,
         )
