@@ -39,6 +39,7 @@ from workers.calibration import default_cache_dir, fit_line, host_key
 from workers.data import ByteDataset
 from workers.devices import (
     HostCalibration,
+    Pacing,
     SimulatedDevice,
     TorchDevice,
     model_state_bytes,
@@ -237,7 +238,7 @@ def measure_layers(
     *,
     host_pieces: dict[str, HostCalibration] | None = None,
     sizes: Sequence[int] = DEVICE_SIZES,
-    repeats: int = 1,
+    repeats: int = 2,
 ) -> LayerProfile:
     """Per-layer costs of ``preset`` on ``device`` (module docstring).
 
@@ -265,3 +266,21 @@ def measure_layers(
         head=costs["head"],
         boundary_bytes_per_sample=preset.seq_len * preset.d_model * 4,
     )
+
+
+def simulated_layers(
+    pacing: Pacing,
+    preset: ModelPreset,
+    *,
+    device_id: str,
+    cache_dir: Path | None = None,
+    repeats: int = 2,
+) -> LayerProfile:
+    """Per-layer figures of one simulated device paced by ``pacing`` (whole-model host time).
+
+    For profilers: ``simulated_layers(pacing, preset, device_id=id, cache_dir=...)`` runs
+    the pieces through a :class:`SimulatedDevice` with the same margin and speed ratio.
+    """
+    pieces = host_layers(preset, pacing.host, cache_dir=cache_dir)
+    device = SimulatedDevice(device_id=device_id, capacity_bytes=2**62, pacing=pacing)
+    return measure_layers(device, preset, host_pieces=pieces, repeats=repeats)

@@ -127,3 +127,37 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir):
     )
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
         train(cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir)
+
+
+def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
+    """The 40 GB device cannot hold gpt-tiny's states under this memory scale: dp leaves it
+    idle; the pipeline planner gives it a stage and the run stays within its memory."""
+    from scheduler.planner import make_plan
+    from workers.session import profile_cluster
+
+    cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
+    profile = profile_cluster(cluster, TINY, cache_dir=cache_dir)
+    assert all(d.layers is not None for d in profile.devices)
+    dp = make_plan(profile, 8, "dp")
+    assert [e.id for e in dp.excluded] == ["a/1"]
+    pp = make_plan(profile, 8, "pp")
+    assert {d.id for d in pp.active} == {"a/0", "a/1"}
+    result = train(
+        cluster=cluster, model=TINY, plan=pp, steps=2, seed=1, optimizer=OPT, cache_dir=cache_dir
+    )
+    assert result.steps_done == 2 and result.losses[1] < result.losses[0]
+    for d in result.devices:
+        assert d.peak_bytes <= profile.device(d.id).capacity_bytes
+
+
+def test_stage_out_of_memory_names_the_device(cache_dir):
+    cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
+    crowded = pipeline_plan(
+        "pp",
+        [  # three blocks and the head do not fit 12.9 MB
+            stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
+            stage("a/1", samples=12, offset=0, micro=2, layers=(1, 4), stage=1),
+        ],
+    )
+    with pytest.raises(WorkerError, match=r"a/1: out of memory: micro-batch \d+ needs"):
+        train(cluster=cluster, model=TINY, plan=crowded, steps=1, seed=0, cache_dir=cache_dir)
