@@ -131,8 +131,12 @@ class ProfilerWorker:
         else:
             fixed_s, per_sample_s = fit_line([float(m) for m in sizes], times)
         figures = DeviceFigures(
-            capacity_bytes=capacity, static_bytes=static, per_sample_bytes=per_sample,
-            fixed_s=fixed_s, per_sample_s=per_sample_s, max_micro_batch=max_m,
+            capacity_bytes=capacity,
+            static_bytes=static,
+            per_sample_bytes=per_sample,
+            fixed_s=fixed_s,
+            per_sample_s=per_sample_s,
+            max_micro_batch=max_m,
         )
         out: dict[str, Any] = {"figures": asdict(figures), "layers": None}
         if layer_hook is not None:
@@ -163,13 +167,18 @@ class ProfilerWorker:
     def rendezvous(self) -> tuple[str, int]:
         return free_port()
 
-    def allreduce_gbps(self, master_addr: str, master_port: int, rank: int, world_size: int,
-                       num_bytes: int) -> float:
+    def allreduce_gbps(
+        self, master_addr: str, master_port: int, rank: int, world_size: int, num_bytes: int
+    ) -> float:
         """Bus bandwidth of a ring all-reduce of ``num_bytes`` among all profiler actors."""
         backend = "nccl" if self.device.torch_device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=120),
+        )
         try:
             buf = torch.ones(max(num_bytes // 4, 1), device=self.device.torch_device)
             dist.all_reduce(buf)  # warm-up: connections are made lazily
@@ -188,24 +197,36 @@ class ProfilerWorker:
             dist.destroy_process_group()
 
 
-def cache_key(*, device_type: str, capacity_bytes: int, preset: ModelPreset, simulated: bool,
-              pacing: Pacing | None, layers: bool) -> str:
+def cache_key(
+    *,
+    device_type: str,
+    capacity_bytes: int,
+    preset: ModelPreset,
+    simulated: bool,
+    pacing: Pacing | None,
+    layers: bool,
+) -> str:
     """Everything that changes a device's figures, hashed."""
     parts: dict[str, Any] = {
-        "version": PROFILE_VERSION, "type": device_type, "capacity_bytes": capacity_bytes,
-        "model": asdict(preset), "simulated": simulated, "layers": layers,
+        "version": PROFILE_VERSION,
+        "type": device_type,
+        "capacity_bytes": capacity_bytes,
+        "model": asdict(preset),
+        "simulated": simulated,
+        "layers": layers,
         "torch": torch.__version__,
     }
     if pacing is not None:
-        parts["pacing"] = {"margin": round(pacing.margin, 6),
-                           "speed_ratio": round(pacing.speed_ratio, 9),
-                           "host": asdict(pacing.host)}
+        parts["pacing"] = {
+            "margin": round(pacing.margin, 6),
+            "speed_ratio": round(pacing.speed_ratio, 9),
+            "host": asdict(pacing.host),
+        }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
     return f"{device_type}-{preset.name}-{'sim' if simulated else 'gpu'}-{digest}"
 
 
-def _layer_hook(preset: ModelPreset, host: HostCalibration | None,
-                cache_dir: Path) -> Any:
+def _layer_hook(preset: ModelPreset, host: HostCalibration | None, cache_dir: Path) -> Any:
     """The pipeline helper's per-layer measurement, if this install has it."""
     if importlib.util.find_spec("workers.layer_profile") is None:
         return None
@@ -228,14 +249,20 @@ def _non_negative(layers: dict[str, Any] | None) -> dict[str, Any] | None:
     out = dict(layers)
     for piece in ("embed", "block", "head"):
         if isinstance(out.get(piece), dict):
-            out[piece] = {k: max(v, 0.0) if k.endswith("_s") else v
-                          for k, v in out[piece].items()}
+            out[piece] = {k: max(v, 0.0) if k.endswith("_s") else v for k, v in out[piece].items()}
     return out
 
 
-def profile_devices(cluster: Cluster, preset: ModelPreset, *, device_ids: list[str] | None = None,
-                    cache_dir: Path | None = None, refresh: bool = False, simulated: bool = True,
-                    layers: Any = "auto") -> Profile:
+def profile_devices(
+    cluster: Cluster,
+    preset: ModelPreset,
+    *,
+    device_ids: list[str] | None = None,
+    cache_dir: Path | None = None,
+    refresh: bool = False,
+    simulated: bool = True,
+    layers: Any = "auto",
+) -> Profile:
     """Measure (or read from the cache) every device of ``cluster`` (or ``device_ids``).
 
     ``layers``: ``"auto"`` calls :func:`workers.layer_profile.measure_layers`
@@ -261,14 +288,35 @@ def profile_devices(cluster: Cluster, preset: ModelPreset, *, device_ids: list[s
     key_of: dict[str, str] = {}
     for d in devices:
         capacity, pacing = pacing_of(d.id) if pacing_of is not None else (0, None)
-        key = cache_key(device_type=d.type, capacity_bytes=capacity, preset=preset,
-                        simulated=simulated, pacing=pacing, layers=hook is not None)
+        key = cache_key(
+            device_type=d.type,
+            capacity_bytes=capacity,
+            preset=preset,
+            simulated=simulated,
+            pacing=pacing,
+            layers=hook is not None,
+        )
         key_of[d.id] = key
-        specs.setdefault(key, WorkerSpec(
-            device_id=d.id, rank=0, world_size=1, preset=preset, seed=0, global_batch=1,
-            offset=0, samples=1, micro_batch=1, accum_steps=1, optimizer=OptimizerConfig(),
-            dataset=None, simulated=simulated, capacity_bytes=capacity, pacing=pacing,
-        ))
+        specs.setdefault(
+            key,
+            WorkerSpec(
+                device_id=d.id,
+                rank=0,
+                world_size=1,
+                preset=preset,
+                seed=0,
+                global_batch=1,
+                offset=0,
+                samples=1,
+                micro_batch=1,
+                accum_steps=1,
+                optimizer=OptimizerConfig(),
+                dataset=None,
+                simulated=simulated,
+                capacity_bytes=capacity,
+                pacing=pacing,
+            ),
+        )
     folder = cache_dir / "profiles"
     results: dict[str, dict[str, Any]] = {}
     for key in specs:
@@ -279,13 +327,19 @@ def profile_devices(cluster: Cluster, preset: ModelPreset, *, device_ids: list[s
     todo = [k for k in specs if k not in results]
     if todo:
         remote_cls = ray.remote(ProfilerWorker)
-        actors = [remote_cls.options(**actor_options(
-            cluster.device(specs[k].device_id), simulated=simulated)).remote(specs[k])
-            for k in todo]
+        actors = [
+            remote_cls.options(
+                **actor_options(cluster.device(specs[k].device_id), simulated=simulated)
+            ).remote(specs[k])
+            for k in todo
+        ]
         try:
-            measured = gather([a.measure.remote(hook) for a in actors],
-                              [specs[k].device_id for k in todo],
-                              timeout_s=PROFILE_TIMEOUT_S, what="profiling")
+            measured = gather(
+                [a.measure.remote(hook) for a in actors],
+                [specs[k].device_id for k in todo],
+                timeout_s=PROFILE_TIMEOUT_S,
+                what="profiling",
+            )
         finally:
             kill_all(actors)
         folder.mkdir(parents=True, exist_ok=True)
@@ -294,36 +348,66 @@ def profile_devices(cluster: Cluster, preset: ModelPreset, *, device_ids: list[s
             (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
 
     gradient_bytes = 4 * (GPT(preset, seed=0).num_params() + 1)
-    links = cluster.links if simulated else _measure_links(cluster, ids, specs, key_of,
-                                                           gradient_bytes)
+    links = (
+        cluster.links if simulated else _measure_links(cluster, ids, specs, key_of, gradient_bytes)
+    )
     doc = {
-        "model": preset.name, "source": "measured",
-        "links": links.to_dict(), "gradient_bytes": gradient_bytes,
+        "model": preset.name,
+        "source": "measured",
+        "links": links.to_dict(),
+        "gradient_bytes": gradient_bytes,
         "devices": [
-            {"id": d.id, "node": d.node, "type": d.type,
-             **{k: v for k, v in results[key_of[d.id]]["figures"].items()
-                if k != "max_micro_batch"},
-             **({"layers": _non_negative(results[key_of[d.id]]["layers"])}
-                if results[key_of[d.id]].get("layers") else {})}
+            {
+                "id": d.id,
+                "node": d.node,
+                "type": d.type,
+                **{
+                    k: v
+                    for k, v in results[key_of[d.id]]["figures"].items()
+                    if k != "max_micro_batch"
+                },
+                **(
+                    {"layers": _non_negative(results[key_of[d.id]]["layers"])}
+                    if results[key_of[d.id]].get("layers")
+                    else {}
+                ),
+            }
             for d in devices
         ],
     }
     return profile_from_dict(doc)
 
 
-def _measure_links(cluster: Cluster, ids: list[str], specs: dict[str, WorkerSpec],
-                   key_of: dict[str, str], gradient_bytes: int) -> Links:
+def _measure_links(
+    cluster: Cluster,
+    ids: list[str],
+    specs: dict[str, WorkerSpec],
+    key_of: dict[str, str],
+    gradient_bytes: int,
+) -> Links:
     """All-reduce bandwidth among the devices; the slowest ring hop it implies."""
     if len(ids) < 2:
         return cluster.links
     remote_cls = ray.remote(ProfilerWorker)
-    actors = [remote_cls.options(**actor_options(cluster.device(i), simulated=False)).remote(
-        specs[key_of[i]]) for i in ids]
+    actors = [
+        remote_cls.options(**actor_options(cluster.device(i), simulated=False)).remote(
+            specs[key_of[i]]
+        )
+        for i in ids
+    ]
     try:
-        addr, port = gather([actors[0].rendezvous.remote()], ids[:1], timeout_s=120,
-                            what="rendezvous")[0]
-        gbps = gather([a.allreduce_gbps.remote(addr, port, r, len(ids), gradient_bytes)
-                       for r, a in enumerate(actors)], ids, timeout_s=300, what="all-reduce")
+        addr, port = gather(
+            [actors[0].rendezvous.remote()], ids[:1], timeout_s=120, what="rendezvous"
+        )[0]
+        gbps = gather(
+            [
+                a.allreduce_gbps.remote(addr, port, r, len(ids), gradient_bytes)
+                for r, a in enumerate(actors)
+            ],
+            ids,
+            timeout_s=300,
+            what="all-reduce",
+        )
     finally:
         kill_all(actors)
     measured = float(min(gbps))
@@ -331,4 +415,3 @@ def _measure_links(cluster: Cluster, ids: list[str], specs: dict[str, WorkerSpec
     if multi_node:
         return Links(intra_node_gbps=cluster.links.intra_node_gbps, inter_node_gbps=measured)
     return Links(intra_node_gbps=measured, inter_node_gbps=cluster.links.inter_node_gbps)
-

@@ -1,0 +1,344 @@
+"""``hetsched simulate``: train on a local simulated mixed cluster and compare strategies.
+
+    hetsched simulate                                   # the bundled local-sim cluster
+    hetsched simulate --strategies dp,even --steps 20 --global-batch 64
+    hetsched simulate --cluster my-mix.yaml --model gpt-tiny --json > run.json
+
+Starts a local Ray whose simulated devices are paced to their GPUs' speed and
+memory-capped (DESIGN.md, "Simulated devices"), profiles them (cached), plans
+every strategy and trains each for ``--steps`` steps from the same seed. It
+reports per strategy the measured step time (median after the first step)
+and samples/s against the prediction, per-device busy and wait time, the loss
+at every step; then the ideal (sum over devices of each one's best solo
+samples/s, from the profile) and the speed-up of dp over even. Progress goes
+to stderr; ``--json`` prints one JSON object to stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from api.commands.plan import format_table
+from scheduler.cluster import Cluster, load_cluster
+from scheduler.errors import HetschedError
+from scheduler.models import PRESETS, ModelPreset, get_preset
+from scheduler.planner import STRATEGIES
+from scheduler.profile import Profile
+
+DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
+DEFAULT_STRATEGIES = "dp,even"
+BAR_WIDTH = 24
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="train on a local simulated mixed cluster and compare strategies",
+        description="Profile, plan and train each strategy on simulated GPUs (Ray actors on "
+        "this machine's CPU, paced to their GPU's speed, memory-capped), from the same seed.",
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="FILE",
+        type=Path,
+        default=DEFAULT_CLUSTER,
+        help="cluster spec (YAML); default: the bundled local-sim.yaml",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="PRESET",
+        default="gpt-tiny",
+        help=f"model preset (default %(default)s): {', '.join(PRESETS)}",
+    )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=64,
+        metavar="N",
+        help="samples per step (default %(default)s)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        metavar="N",
+        help="training steps per strategy (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="model and data seed (default %(default)s)"
+    )
+    parser.add_argument(
+        "--strategies",
+        default=DEFAULT_STRATEGIES,
+        metavar="LIST",
+        help=f"comma-separated, from {','.join(STRATEGIES)} (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="profile and calibration cache (default ~/.cache/hetsched)",
+    )
+    parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.set_defaults(run=run)
+
+
+def parse_strategies(text: str) -> list[str]:
+    names = [s.strip().lower() for s in text.split(",") if s.strip()]
+    if not names:
+        raise HetschedError(f"--strategies: give at least one of {','.join(STRATEGIES)}")
+    for name in names:
+        if name not in STRATEGIES:
+            raise HetschedError(
+                f"--strategies: unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}"
+            )
+    return list(dict.fromkeys(names))
+
+
+def ideal_samples_per_s(profile: Profile) -> float:
+    """Sum over devices of each device's best solo rate: its largest micro-batch, back to back."""
+    total = 0.0
+    for d in profile.devices:
+        m = d.max_micro_batch()
+        if m >= 1:
+            total += m / (d.fixed_s + m * d.per_sample_s)
+    return total
+
+
+class Progress:
+    """A progress bar on stderr (redrawn in place on a terminal, one line per run otherwise)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.tty = sys.stderr.isatty()
+        self.enabled = enabled
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+    def step(self, label: str, done: int, total: int, detail: str) -> None:
+        if not self.enabled or not (self.tty or done == total):
+            return
+        filled = round(done / total * BAR_WIDTH) if total else BAR_WIDTH
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        end = "\n" if done == total else ""
+        print(
+            f"\r  {label:<12} [{bar}] {done}/{total}  {detail}",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.global_batch < 1:
+        raise HetschedError(f"--global-batch: must be >= 1, got {args.global_batch}")
+    if args.steps < 1:
+        raise HetschedError(f"--steps: must be >= 1, got {args.steps}")
+    if args.seed < 0:
+        raise HetschedError(f"--seed: must be >= 0, got {args.seed}")
+
+
+def simulate(
+    *,
+    cluster: Cluster,
+    preset: ModelPreset,
+    global_batch: int,
+    steps: int,
+    seed: int,
+    strategies: list[str],
+    cache_dir: Path | None,
+    refresh: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Profile, plan and train each strategy; the JSON document of the command."""
+    from scheduler.planner import make_plan
+    from workers.calibration import default_cache_dir
+    from workers.session import profile_cluster, start_local_ray, train
+
+    cache_dir = cache_dir or default_cache_dir()
+    progress.say(
+        f"starting local Ray with {len(cluster.devices)} simulated devices ({cluster.name})"
+    )
+    start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
+    begin = time.perf_counter()
+    progress.say("profiling (cached after the first run)...")
+    profile = profile_cluster(cluster, preset, cache_dir=cache_dir, refresh=refresh)
+    progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
+    runs = []
+    for strategy in strategies:
+        plan = make_plan(profile, global_batch, strategy)
+
+        def on_step(m: Any, label: str = strategy) -> None:
+            progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
+
+        progress.step(strategy, 0, steps, "starting actors")
+        result = train(
+            cluster=cluster,
+            model=preset,
+            plan=plan,
+            steps=steps,
+            seed=seed,
+            on_step=on_step,
+            cache_dir=cache_dir,
+        )
+        after_first = result.step_times_s[1:] or result.step_times_s
+        measured = statistics.median(after_first)
+        runs.append(
+            {
+                "strategy": strategy,
+                "plan": plan.to_dict(),
+                "predicted_step_s": plan.predicted_step_s,
+                "measured_step_s": measured,
+                "measured_samples_per_s": global_batch / measured,
+                "losses": result.losses,
+                "devices": [
+                    {"id": d.id, "busy_s": d.busy_s, "wait_s": d.wait_s, "peak_bytes": d.peak_bytes}
+                    for d in result.devices
+                ],
+            }
+        )
+    by_name = {r["strategy"]: r for r in runs}
+    speedup = None
+    if "dp" in by_name and "even" in by_name:
+        speedup = (
+            by_name["dp"]["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
+        )
+    return {
+        "cluster": cluster.name,
+        "model": preset.name,
+        "global_batch": global_batch,
+        "steps": steps,
+        "seed": seed,
+        "profile": profile.to_dict(),
+        "ideal_samples_per_s": ideal_samples_per_s(profile),
+        "runs": runs,
+        "speedup_vs_even": speedup,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    strategies = parse_strategies(args.strategies)
+    cluster = load_cluster(args.cluster)
+    preset = get_preset(args.model)
+    progress = Progress()
+    # Keep stdout for the result alone: anything a library prints goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        doc = simulate(
+            cluster=cluster,
+            preset=preset,
+            global_batch=args.global_batch,
+            steps=args.steps,
+            seed=args.seed,
+            strategies=strategies,
+            cache_dir=args.cache_dir,
+            refresh=args.refresh,
+            progress=progress,
+        )
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(render(doc))
+    return 0
+
+
+# --- the table ----------------------------------------------------------------
+
+
+def _s(value: float) -> str:
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _mb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e6:.1f} MB"
+
+
+def render(doc: dict[str, Any]) -> str:
+    ideal = doc["ideal_samples_per_s"]
+    lines = [
+        f"hetsched simulate: cluster {doc['cluster']}, model {doc['model']}, "
+        f"global batch {doc['global_batch']}, {doc['steps']} steps, seed {doc['seed']}",
+        f"ideal {ideal:.1f} samples/s (each device's best solo rate, summed)",
+        "",
+    ]
+    rows = []
+    for r in doc["runs"]:
+        error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
+        rows.append(
+            [
+                r["strategy"],
+                _s(r["predicted_step_s"]),
+                _s(r["measured_step_s"]),
+                f"{error:+.0%}",
+                f"{r['measured_samples_per_s']:.1f}",
+                f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
+                f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+            ]
+        )
+    lines.append(
+        format_table(
+            [
+                "strategy",
+                "predicted step",
+                "measured step",
+                "error",
+                "samples/s",
+                "of ideal",
+                "loss",
+            ],
+            rows,
+            right={1, 2, 3, 4, 5},
+        )
+    )
+    if doc["speedup_vs_even"] is not None:
+        lines += ["", f"dp is {doc['speedup_vs_even']:.2f}x the samples/s of even (measured)"]
+    lines += ["", "per device (medians over the steps after the first):"]
+    rows = []
+    for r in doc["runs"]:
+        planned = {d["id"]: d for d in r["plan"]["devices"]}
+        for d in r["devices"]:
+            p = planned.get(
+                d["id"], {"samples": 0, "micro_batch": 0, "accum_steps": 0, "busy_s": 0.0}
+            )
+            rows.append(
+                [
+                    r["strategy"],
+                    d["id"],
+                    str(p["samples"]),
+                    f"{p['micro_batch']}x{p['accum_steps']}",
+                    _s(p["busy_s"]),
+                    _s(d["busy_s"]),
+                    _s(d["wait_s"]),
+                    _mb(d["peak_bytes"]),
+                ]
+            )
+    lines.append(
+        format_table(
+            [
+                "strategy",
+                "device",
+                "samples",
+                "micro x accum",
+                "planned busy",
+                "busy",
+                "wait",
+                "peak mem",
+            ],
+            rows,
+            right={2, 4, 5, 6, 7},
+        )
+    )
+    lines += ["", "loss per step:"]
+    for r in doc["runs"]:
+        lines.append(f"  {r['strategy']:<12} " + " ".join(f"{x:.3f}" for x in r["losses"]))
+    return "\n".join(lines)
