@@ -23,6 +23,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -155,8 +156,14 @@ def profile_cluster(
     cache_dir: Path,
     refresh: bool = False,
     simulated: bool = True,
+    layers: Any = "auto",
 ) -> Profile:
-    """Measure each device (cached) and return the profile of DESIGN.md."""
+    """Measure each device (cached) and return the profile of DESIGN.md.
+
+    ``layers``: per-layer figures for pipeline planning; ``"auto"`` measures
+    them when :mod:`workers.layer_profile` is installed, ``None`` skips them
+    (see :func:`workers.profiler.profile_devices`).
+    """
     from workers.profiler import profile_devices
 
     check_trainable(model)
@@ -167,6 +174,7 @@ def profile_cluster(
         cache_dir=cache_dir,
         refresh=refresh,
         simulated=simulated,
+        layers=layers,
     )
 
 

@@ -1,0 +1,72 @@
+"""Simulated devices in this process: pacing and memory accounting, no Ray."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.workers.conftest import TINY
+from workers.data import ByteDataset
+from workers.devices import (
+    HostCalibration,
+    Pacing,
+    SimulatedDevice,
+    model_state_bytes,
+)
+from workers.errors import DeviceOutOfMemory
+from workers.model import GPT, lm_loss_sum
+
+HOST = HostCalibration(fixed_s=0.01, per_sample_s=0.02)
+
+
+def _forward(model: GPT, m: int):
+    x, y = ByteDataset(None, seq_len=TINY.seq_len).device_batch(
+        seed=0, step=0, global_batch=m, offset=0, samples=m
+    )
+    return lambda: lm_loss_sum(model(x), y)
+
+
+def test_a_micro_batch_over_capacity_raises_a_cuda_like_oom_naming_the_device() -> None:
+    model = GPT(TINY, seed=0)
+    capacity = model_state_bytes(model) + 3 * 2_300_000  # room for about three samples
+    device = SimulatedDevice(
+        device_id="node-b/1",
+        capacity_bytes=capacity,
+        pacing=Pacing(margin=1.0, speed_ratio=1.0, host=HOST),
+    )
+    fits = device.run_micro_batch(_forward(model, 2), model=model, micro_batch=2)
+    assert model_state_bytes(model) < fits.peak_bytes <= capacity
+    with pytest.raises(
+        DeviceOutOfMemory,
+        match=r"^node-b/1: out of memory: micro-batch 8 needs "
+        r"3\d\.\d MB, capacity 20\.\d MB$",
+    ) as info:
+        device.run_micro_batch(_forward(model, 8), model=model, micro_batch=8)
+    assert info.value.need_bytes > capacity
+
+
+def test_activation_memory_grows_linearly_with_the_micro_batch() -> None:
+    model = GPT(TINY, seed=0)
+    device = SimulatedDevice(
+        device_id="d", capacity_bytes=2**40, pacing=Pacing(margin=1.0, speed_ratio=1.0, host=HOST)
+    )
+    static = model_state_bytes(model)
+    act = [
+        device.run_micro_batch(_forward(model, m), model=model, micro_batch=m).peak_bytes - static
+        for m in (1, 2, 4)
+    ]
+    assert act[1] == pytest.approx(2 * act[0], rel=0.01)
+    assert act[2] == pytest.approx(4 * act[0], rel=0.01)
+
+
+def test_a_simulated_device_takes_its_paced_time() -> None:
+    torch.set_num_threads(1)
+    model = GPT(TINY, seed=0)
+    pacing = Pacing(margin=5.0, speed_ratio=3.0, host=HOST)  # 15 × (0.01 + 2 × 0.02) = 0.75 s
+    device = SimulatedDevice(device_id="d", capacity_bytes=2**40, pacing=pacing)
+    start = time.perf_counter()
+    result = device.run_micro_batch(_forward(model, 2), model=model, micro_batch=2)
+    assert result.busy_s == pytest.approx(0.75, abs=0.03)
+    assert time.perf_counter() - start == pytest.approx(0.75, abs=0.05)

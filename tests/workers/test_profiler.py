@@ -1,0 +1,44 @@
+"""The profiler on simulated devices: it recovers the pacing and memory it was given."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.workers.conftest import TINY, make_cluster
+from workers.calibration import calibrate_host
+from workers.devices import model_state_bytes
+from workers.model import GPT
+from workers.session import profile_cluster
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+# 1.36e-3 of 16 GiB leaves the V100 room for 4 samples of gpt-tiny; the A100 has 5× more.
+CLUSTER = make_cluster(["A100-80GB", "V100-16GB"], memory_scale=1.36e-3)
+MARGIN = 4.0
+
+
+def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeypatch) -> None:
+    monkeypatch.setenv("HETSCHED_PACING_MARGIN", str(MARGIN))
+    profile = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None)
+    host = calibrate_host(TINY, cache_dir=cache_dir)
+    a100, v100 = profile.device("a/0"), profile.device("a/1")
+
+    # Speed: per-sample time is K · (312 / speed_i) · host, within 5 %.
+    assert a100.per_sample_s == pytest.approx(MARGIN * host.per_sample_s, rel=0.05)
+    assert v100.per_sample_s == pytest.approx(MARGIN * 312 / 125 * host.per_sample_s, rel=0.05)
+    assert v100.per_sample_s / a100.per_sample_s == pytest.approx(312 / 125, rel=0.05)
+
+    # Memory: model states exactly, capacity scaled, the largest micro-batch as designed.
+    assert a100.static_bytes == model_state_bytes(GPT(TINY, seed=0))
+    assert v100.capacity_bytes == int(16 * 2**30 * 1.36e-3)
+    assert v100.max_micro_batch() == 4
+    assert a100.max_micro_batch() > 5 * v100.max_micro_batch()
+    assert profile.gradient_bytes == 4 * (TINY.num_params + 1)
+    assert profile.links == CLUSTER.links
+
+    start = time.monotonic()
+    again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None)
+    assert time.monotonic() - start < 3.0  # cached: no actor is started
+    assert again == profile
