@@ -29,7 +29,8 @@ export function niceTicks(lo, hi, count = 5) {
 /**
  * Draw series of [x, y] points into `svg`, replacing what was there.
  * options: series [{name, color, points}], refs [{y, label, color}],
- * yFormat (tick text), yZero (start the axis at zero), emptyText.
+ * yFormat (tick text), yZero (start the axis at zero), xLabel (names x in tooltips;
+ * the card around the chart says what the axes are), emptyText.
  * The svg gets data-points = number of points of the first series.
  */
 export function lineChart(svg, options) {
@@ -73,8 +74,6 @@ export function lineChart(svg, options) {
   for (const v of xTicks) {
     svg.append(el("text", { x: sx(v), y: height - 8, "text-anchor": "middle", class: "axis-text" }, String(v)));
   }
-  svg.append(el("text", { x: width - m.right, y: height - 8, "text-anchor": "end", class: "axis-text" },
-    options.xLabel || ""));
 
   for (const r of refs) {
     if (!isNum(r.y)) continue;
@@ -93,7 +92,7 @@ export function lineChart(svg, options) {
     if (radius) {
       for (const p of pts) {
         const dot = el("circle", { cx: sx(p[0]), cy: sy(p[1]), r: radius, class: "point", fill: s.color });
-        dot.append(el("title", {}, `step ${p[0]}: ${yFormat(p[1])}`));
+        dot.append(el("title", {}, `${options.xLabel || "x"} ${p[0]}: ${yFormat(p[1])}`));
         svg.append(dot);
       }
     }

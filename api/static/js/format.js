@@ -16,7 +16,8 @@ export function fmtSeconds(s) {
   if (!isNum(s)) return "–";
   if (s < 0.001) return `${(s * 1e6).toFixed(0)} µs`;
   if (s < 1) return `${(s * 1000).toFixed(s < 0.1 ? 1 : 0)} ms`;
-  if (s < 120) return `${s.toFixed(2)} s`;
+  if (s < 10) return `${s.toFixed(2)} s`;
+  if (s < 120) return `${s.toFixed(1)} s`;
   const m = Math.floor(s / 60);
   return `${m} min ${Math.round(s - 60 * m)} s`;
 }

@@ -5,7 +5,7 @@
 import { ApiError, del, get, post } from "./api.js";
 import { hbars, lineChart } from "./charts.js";
 import {
-  elapsedS, esc, fmtDateTime, fmtNum, fmtRate, fmtSeconds, isNum,
+  elapsedS, esc, fmtDateTime, fmtNum, fmtRate, fmtSeconds, isNum, toDate,
 } from "./format.js";
 import { refreshCluster, state as overview, strategyText } from "./overview.js";
 import { planSummary, renderPlan } from "./plan.js";
@@ -13,6 +13,10 @@ import { planSummary, renderPlan } from "./plan.js";
 const $ = (id) => document.getElementById(id);
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
 const POLL_MS = 1000;
+const STRATEGY_NAMES = {
+  dp: "Optimal split", even: "Even split", proportional: "Proportional split",
+  pp: "Pipeline", hybrid: "Hybrid dp × pp",
+};
 
 let current = null; // {id, job, steps: [], planKey, timer, alive}
 
@@ -67,8 +71,8 @@ function renderTiles(job) {
   if (even && isNum(predicted) && predicted > 0) {
     const reference = isNum(job.measured_step_s) ? job.measured_step_s : predicted;
     const gain = even.predicted_step_s / reference;
-    evenSub.textContent = `predicted; this job ${fmtNum(gain, 3)}× ${gain >= 1 ? "faster" : "as fast"}` +
-      (isNum(job.measured_step_s) ? " (measured)" : "");
+    const basis = isNum(job.measured_step_s) ? "measured" : "predicted";
+    evenSub.textContent = `predicted · this job ${gain.toFixed(2)}× ${gain >= 1 ? "faster" : "as fast"} (${basis})`;
     evenSub.classList.add(gain >= 1 ? "good" : "bad");
   } else {
     evenSub.textContent = even ? "predicted" : "";
@@ -83,13 +87,13 @@ function renderStepTimes(job) {
       value: fmtSeconds(job.measured_step_s) });
   }
   if (plan) {
-    rows.push({ label: "Predicted", sub: plan.strategy,
+    rows.push({ label: "Predicted", sub: `${plan.strategy} plan`,
       segments: [{ value: plan.compute_s, cls: "predicted", title: "compute" },
         { value: plan.predicted_step_s - plan.compute_s, cls: "baseline", title: "all-reduce" }],
       value: fmtSeconds(plan.predicted_step_s) });
     for (const [name, base] of Object.entries(plan.baselines || {})) {
       if (name === plan.strategy) continue;
-      rows.push({ label: `${name[0].toUpperCase()}${name.slice(1)} split`, sub: "predicted",
+      rows.push({ label: STRATEGY_NAMES[name] || name, sub: "pred.",
         segments: [{ value: base.predicted_step_s, cls: "baseline" }],
         value: fmtSeconds(base.predicted_step_s) });
     }
@@ -108,7 +112,7 @@ function renderDeviceTimes(job, steps) {
     box.innerHTML = '<p class="muted">Appears after the first step.</p>';
     return;
   }
-  $("device-time-note").textContent = `step ${last.step} · bar busy + wait, line = predicted busy`;
+  $("device-time-note").textContent = `step ${last.step + 1} · busy, then waiting; line: predicted busy`;
   hbars(box, last.devices.map((d) => {
     const plan = predicted.get(d.id);
     const type = overview.devices.get(d.id)?.type || "";
@@ -126,7 +130,7 @@ function renderDeviceTimes(job, steps) {
 function renderCharts(job, steps) {
   const plan = job.plan;
   lineChart($("loss-chart"), {
-    series: [{ name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step, s.loss]) }],
+    series: [{ name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.loss]) }],
     yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
@@ -135,13 +139,13 @@ function renderCharts(job, steps) {
   const even = plan && plan.baselines ? plan.baselines.even : null;
   if (even) refs.push({ y: even.predicted_samples_per_s, label: "even split (pred.)", color: "var(--series-3)" });
   lineChart($("throughput-chart"), {
-    series: [{ name: "samples/s", color: "var(--series-1)", points: steps.map((s) => [s.step, s.samples_per_s]) }],
+    series: [{ name: "samples/s", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.samples_per_s]) }],
     refs, yZero: true, yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
   const last = steps.length ? steps[steps.length - 1] : null;
-  $("loss-last").textContent = last ? `step ${last.step}: ${fmtNum(last.loss, 4)}` : "";
-  $("tput-last").textContent = last ? `step ${last.step}: ${fmtRate(last.samples_per_s)}` : "";
+  $("loss-last").textContent = last ? `step ${last.step + 1}: ${fmtNum(last.loss, 4)}` : "";
+  $("tput-last").textContent = last ? `step ${last.step + 1}: ${fmtRate(last.samples_per_s)}` : "";
 }
 
 function renderSpec(job) {
@@ -179,6 +183,18 @@ function render(job, steps) {
   renderSpec(job);
 }
 
+function appendLog(lines) {
+  if (!lines.length) return;
+  const box = $("job-log");
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 8;
+  box.insertAdjacentHTML("beforeend", lines.map((l) => {
+    const t = toDate(l.time);
+    return `<div class="log-line ${esc(l.level)}"><span class="log-time">${t ? t.toLocaleTimeString([], { hour12: false }) : ""}</span>
+      <span class="log-msg">${esc(l.message)}</span></div>`;
+  }).join(""));
+  if (atBottom) box.scrollTop = box.scrollHeight;
+}
+
 async function fetchSteps(id, since) {
   const page = await get(`/jobs/${encodeURIComponent(id)}/metrics?since=${since}`);
   return Array.isArray(page) ? page : page.data;
@@ -190,8 +206,13 @@ async function poll(view) {
   try {
     const job = await get(`/jobs/${encodeURIComponent(view.id)}`);
     const since = view.steps.length ? view.steps[view.steps.length - 1].step + 1 : 0;
-    const fresh = await fetchSteps(view.id, since);
+    const [fresh, log] = await Promise.all([
+      fetchSteps(view.id, since),
+      get(`/jobs/${encodeURIComponent(view.id)}/logs?since=${view.logLines}`),
+    ]);
     if (!view.alive) return;
+    view.logLines += log.data.length;
+    appendLog(log.data);
     view.steps.push(...fresh.filter((s) => s.step >= since));
     view.job = job;
     $("job-error").textContent = "";
@@ -211,8 +232,8 @@ async function poll(view) {
 export function showJob(id, { onMissing, navigate }) {
   hideJob();
   current = { id, job: null, steps: [], planKey: null, numDevices: -1, timer: null, alive: true,
-    sawTerminal: false, onMissing };
-  for (const box of ["plan-view", "steptime-view", "device-time-view", "job-spec"]) $(box).innerHTML = "";
+    sawTerminal: false, logLines: 0, onMissing };
+  for (const box of ["plan-view", "steptime-view", "device-time-view", "job-spec", "job-log"]) $(box).innerHTML = "";
   $("job-name").textContent = "Loading…";
   $("job-error").textContent = "";
   $("job-stop").onclick = async () => {

@@ -47,7 +47,7 @@ function meter(ratio) {
 
 function deviceRow(d, simulated) {
   const memory = simulated
-    ? `${d.memory_gb} GB <span class="muted small" title="simulated capacity">(${fmtBytes(d.capacity_bytes)})</span>`
+    ? `${d.memory_gb} GB<div class="muted small" title="what the simulation gives this device">sim. ${fmtBytes(d.capacity_bytes)}</div>`
     : `${d.memory_gb} GB`;
   const speed = d.measured
     ? `<span title="${esc(d.measured.model)}: ${fmtSeconds(d.measured.fixed_s)} per micro-batch + ${fmtSeconds(d.measured.per_sample_s)} per sample">${fmtRate(d.measured.samples_per_s)}</span>`
@@ -216,9 +216,12 @@ export function setupForm(navigate) {
         const preview = await post("/plans", planRequest());
         box.hidden = false;
         box.innerHTML = `<div class="card-head"><h2>Plan preview</h2>
-          <span class="muted small">${esc(preview.model)} · ${esc(preview.profile_source)} profile</span></div>
+          <span class="muted small">${esc(preview.model)} · ${esc(preview.profile_source)} profile ·
+          <button type="button" class="link-btn" id="preview-close">close</button></span></div>
           <p class="small">${esc(planSummary(preview.plan))}</p><div id="preview-plan"></div>`;
         renderPlan($("preview-plan"), preview.plan, state.devices);
+        $("preview-close").addEventListener("click", () => { box.hidden = true; });
+        box.scrollIntoView({ behavior: "smooth", block: "nearest" });
       } catch (err) { box.hidden = true; formError(err); }
     });
   });
