@@ -30,6 +30,7 @@ from api.commands.plan import format_table
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
 from scheduler.models import PRESETS, ModelPreset, get_preset
+from scheduler.plan import DP_STRATEGIES
 from scheduler.planner import STRATEGIES
 from scheduler.profile import Profile
 
@@ -172,7 +173,15 @@ def simulate(
     start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
     begin = time.perf_counter()
     progress.say("profiling (cached after the first run)...")
-    profile = profile_cluster(cluster, preset, cache_dir=cache_dir, refresh=refresh)
+    # Per-layer figures only matter to the pipeline planners; skip them otherwise.
+    wants_layers = any(s not in DP_STRATEGIES for s in strategies)
+    profile = profile_cluster(
+        cluster,
+        preset,
+        cache_dir=cache_dir,
+        refresh=refresh,
+        layers="auto" if wants_layers else None,
+    )
     progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
     runs = []
     for strategy in strategies:

@@ -1,0 +1,108 @@
+"""``hetsched simulate`` and ``hetsched profile`` as a user runs them (a fresh process each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_GPUS = """\
+name: two-gpus
+nodes:
+  - name: box
+    devices:
+      - type: A100-80GB
+      - type: T4-16GB
+simulation:
+  memory_scale: 0.003
+"""
+
+
+def hetsched(*args: str, cache: Path, timeout: int = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args, "--cache-dir", str(cache)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> None:
+    spec = tmp_path / "two.yaml"
+    spec.write_text(TWO_GPUS)
+    out = hetsched(
+        "simulate",
+        "--cluster",
+        str(spec),
+        "--global-batch",
+        "8",
+        "--steps",
+        "3",
+        "--seed",
+        "2",
+        "--strategies",
+        "dp,even",
+        "--json",
+        cache=tmp_path / "c",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)  # stdout is the JSON object and nothing else
+    assert set(doc) == {
+        "cluster",
+        "model",
+        "global_batch",
+        "steps",
+        "seed",
+        "profile",
+        "ideal_samples_per_s",
+        "runs",
+        "speedup_vs_even",
+    }
+    assert (doc["cluster"], doc["model"], doc["global_batch"], doc["steps"], doc["seed"]) == (
+        "two-gpus",
+        "gpt-tiny",
+        8,
+        3,
+        2,
+    )
+    assert [r["strategy"] for r in doc["runs"]] == ["dp", "even"]
+    dp, even = doc["runs"]
+    for r in doc["runs"]:
+        assert set(r) == {
+            "strategy",
+            "plan",
+            "predicted_step_s",
+            "measured_step_s",
+            "measured_samples_per_s",
+            "losses",
+            "devices",
+        }
+        assert len(r["losses"]) == 3 and r["measured_step_s"] > 0
+        assert sum(d["samples"] for d in r["plan"]["devices"]) == 8
+        assert all(set(d) == {"id", "busy_s", "wait_s", "peak_bytes"} for d in r["devices"])
+    # Same seed, same batches: the split does not change the training.
+    assert dp["losses"] == pytest.approx(even["losses"], rel=1e-4)
+    # The A100 is 4.8x a T4: dp gives it more of the batch than even does.
+    share = {d["id"]: d["samples"] for d in dp["plan"]["devices"]}
+    assert share["box/0"] > share["box/1"]
+    assert doc["speedup_vs_even"] == pytest.approx(
+        dp["measured_samples_per_s"] / even["measured_samples_per_s"]
+    )
+    assert doc["ideal_samples_per_s"] > 0
+    assert [d["id"] for d in doc["profile"]["devices"]] == ["box/0", "box/1"]
+    assert "profiling" in out.stderr  # progress went to stderr
+
+
+def test_simulate_rejects_an_unknown_strategy_in_one_line(tmp_path: Path) -> None:
+    out = hetsched("simulate", "--strategies", "dp,fastest", cache=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "hetsched: error: --strategies: unknown strategy 'fastest'; allowed: "
+        + ", ".join(__import__("scheduler.planner", fromlist=["STRATEGIES"]).STRATEGIES)
+    ]
+    assert out.stdout == ""
