@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from scheduler.cluster import Cluster, Device
 from workers.errors import DeviceOutOfMemory, WorkerError
 
 RESOURCE_PREFIX = "hetsched:"
+_INIT_LOCK = threading.Lock()
 ERROR_GRACE_S = 3.0
 """After a first failure, how long to wait for the others to report theirs."""
 
@@ -45,8 +47,13 @@ def start_local_ray(cluster: Cluster, *, num_cpus: int = 2) -> None:
     A no-op if this process already has Ray initialised (its actors then use
     the resources it has, or this node).
     """
-    if ray.is_initialized():
-        return
+    with _INIT_LOCK:
+        if ray.is_initialized():
+            return
+        _init_local(cluster, num_cpus=num_cpus)
+
+
+def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
     resources = {device_resource(d.id): 1000.0 for d in cluster.devices}
     ray.init(
         num_cpus=num_cpus,
