@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from api.executor import Executor
 from api.schemas import (
@@ -110,7 +110,9 @@ def cluster_public(
         if job is not None and d.id in job.device_steps and job.step_s:
             busy_s, _wait_s, peak = job.device_steps[d.id]
             busy_ratio, memory_bytes = min(1.0, busy_s / job.step_s), peak
-        status = "busy" if job_id else ("idle" if handle.available else "unavailable")
+        status: Literal["idle", "busy", "unavailable"] = (
+            "busy" if job_id else ("idle" if handle.available else "unavailable")
+        )
         nodes.setdefault(d.node, []).append(
             DevicePublic(
                 id=d.id,

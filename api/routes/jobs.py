@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from api.deps import Auth, JobDep, StateDep, StoreDep
 from api.schemas import (
+    DeviceStepPublic,
     ErrorPublic,
     JobCreate,
     JobLogsPublic,
@@ -103,9 +104,9 @@ def read_metrics(
             loss=s.loss,
             step_s=s.step_s,
             samples_per_s=s.samples_per_s,
-            devices=s.devices,
+            devices=[DeviceStepPublic.model_validate(d) for d in s.devices],
             time=s.time,
-        )  # type: ignore[arg-type]
+        )
         for s in steps
     ]
     return JobMetricsPublic(job_id=job.id, data=data, count=len(data))
