@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
+from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
 
 
@@ -60,14 +62,28 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         raise HetschedError(f"{field}: {first['msg']}") from None
 
 
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise HetschedError(
+                f"--port: cannot listen on {host}:{port} ({exc.strerror}); "
+                "choose another with --port"
+            ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
 
     settings = settings_from_args(args)
-    if settings.cluster is not None and not settings.cluster.is_file():
-        raise HetschedError(f"--cluster: no such file {settings.cluster}")
+    if not settings.ray_address:
+        load_cluster(settings.cluster_file)  # a bad spec is a one-line error, not a dead service
+    _check_port_free(settings.host, settings.port)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     host = "localhost" if settings.host in ("0.0.0.0", "::") else settings.host
     where = settings.ray_address or f"local simulation of {settings.cluster_file.name}"
