@@ -183,6 +183,9 @@ function formError(err) {
   box.classList.remove("form-ok");
   box.textContent = err ? err.message : "";
   if (err && err.status === 401) {
+    box.textContent = getToken()
+      ? "The API token was refused: check it and try again."
+      : "This server needs an API token (HETSCHED_API_TOKEN): enter it above and try again.";
     $("token-field").hidden = false;
     $("f-token").focus();
   }
@@ -197,7 +200,7 @@ async function withButton(button, busyText, work) {
 
 export function setupForm(navigate) {
   $("f-token").value = getToken();
-  $("f-token").addEventListener("change", (e) => setToken(e.target.value.trim()));
+  $("f-token").addEventListener("input", (e) => setToken(e.target.value.trim()));
   $("submit-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     formError(null);
