@@ -194,6 +194,7 @@ class PipelineWorker:
             else CudaDevice(device_id=spec.device_id).torch_device
         )
         self.model: GPT | None = None
+        self._overrun_s = 0.0
         self.mine: list[tuple[Any, list[torch.nn.Parameter]]] = []
 
     def rendezvous(self) -> tuple[str, int]:
@@ -228,6 +229,8 @@ class PipelineWorker:
                     if piece_of_param(n) in pieces
                 ]
                 self.mine.append((group, params))
+        # The loss gets its own group: collectives never share one with the p2p traffic.
+        self.loss_group = dist.new_group(list(range(spec.world_size)))
         opt = spec.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -241,21 +244,29 @@ class PipelineWorker:
         )
 
     def _pace(self, start: float, share: float, size: int) -> float:
-        """Sleep out a simulated device's target; the device time of this pass."""
+        """Sleep out a simulated device's target; the device time of this pass.
+
+        A pass that overran its target (contention, a late wake-up) is paid back
+        by sleeping that much less in the next ones, so that a step's many short
+        passes add up to the paced total rather than to the sum of overruns.
+        """
         if not self.spec.simulated:
             torch.cuda.synchronize(self.torch_device)
             return time.perf_counter() - start
         assert self.spec.pacing is not None
         target = share * self.spec.pacing.target_s(size)
-        remaining = target - (time.perf_counter() - start)
+        remaining = target - self._overrun_s - (time.perf_counter() - start)
         if remaining > 0:
             time.sleep(remaining)
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self._overrun_s = max(0.0, self._overrun_s + elapsed - target)
+        return elapsed
 
     def step(self, step: int) -> dict[str, Any]:
         spec, model = self.spec, self.model
         assert model is not None, "setup() first"
         begin = time.perf_counter()
+        self._overrun_s = 0.0
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         is_first, is_last = spec.stage == 0, spec.stage == spec.num_stages - 1
@@ -277,6 +288,7 @@ class PipelineWorker:
         outputs: dict[int, torch.Tensor] = {}
         saved: dict[int, int] = {}
         sends: list[Any] = []
+        syncing: list[Any] = []
         acc = {"busy": 0.0, "peak": 0, "flight": 0, "loss": 0.0}
         if not spec.simulated:
             torch.cuda.reset_peak_memory_stats(self.torch_device)
@@ -330,6 +342,8 @@ class PipelineWorker:
             if not is_first:
                 assert inp.grad is not None
                 sends.append(dist.isend(inp.grad.contiguous(), dst=spec.prev_rank))
+            if i == len(sizes) - 1:  # gradients complete: overlap their sync with pacing
+                syncing.extend(self._start_sync(acc["loss"] * scale))
             acc["busy"] += self._pace(start, 1 - FORWARD_SHARE, sizes[i])
 
         m = len(sizes)
@@ -343,9 +357,7 @@ class PipelineWorker:
             backward(i)
         for work in sends:
             work.wait()
-        self._sync_gradients()
-        loss = torch.tensor([acc["loss"] * scale], device=self.torch_device, dtype=self.dtype)
-        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        loss = self._finish_sync(syncing)
         self.optimizer.step()
         peak = (
             int(acc["peak"])
@@ -360,17 +372,35 @@ class PipelineWorker:
             "peak_bytes": peak,
         }
 
-    def _sync_gradients(self) -> None:
-        """SUM all-reduce of each piece among its holders (module docstring)."""
+    def _start_sync(self, loss_part: float) -> list[Any]:
+        """Start the SUM all-reduces: each piece among its holders, then the loss."""
+        pending: list[Any] = []
         for group, params in self.mine:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
+            pending.append((work, flat, params))
+        loss = torch.tensor([loss_part], device=self.torch_device, dtype=self.dtype)
+        work = dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.loss_group, async_op=True)
+        pending.append((work, loss, None))
+        return pending
+
+    @staticmethod
+    def _finish_sync(pending: list[Any]) -> torch.Tensor:
+        """Wait for the all-reduces, put the summed gradients back; the step's loss."""
+        loss = None
+        for work, flat, params in pending:
+            work.wait()
+            if params is None:
+                loss = flat
+                continue
             offset = 0
             for p in params:
                 n = p.numel()
                 p.grad = flat[offset : offset + n].view_as(p).clone()
                 offset += n
+        assert loss is not None
+        return loss
 
     def state_dict(self) -> dict[str, Any]:
         """This stage's parameters under their whole-model names."""
