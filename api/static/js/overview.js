@@ -37,10 +37,11 @@ export function strategyText(job) {
 
 // --- cluster ---------------------------------------------------------------
 
-function meter(ratio) {
+function meter(ratio, peakBytes) {
   if (!isNum(ratio)) return '<span class="muted">–</span>';
   const pct = Math.round(100 * Math.min(1, Math.max(0, ratio)));
-  return `<div class="meter" title="busy ${pct}% of the last step">
+  const peak = isNum(peakBytes) ? `, peak memory ${fmtBytes(peakBytes)}` : "";
+  return `<div class="meter" title="busy ${pct}% of the last step${peak}">
     <div class="meter-track"><div class="meter-fill" style="width:${pct}%"></div></div>
     <span class="meter-text">${pct}%</span></div>`;
 }
@@ -60,7 +61,7 @@ function deviceRow(d, simulated) {
   return `<tr data-device="${esc(d.id)}">
     <td class="mono">${esc(d.id)}</td><td>${esc(d.type)}</td><td>${esc(d.node)}</td>
     <td class="num">${memory}</td><td class="num">${speed}</td><td>${job}</td>
-    <td>${d.status === "busy" ? meter(d.busy_ratio) : '<span class="muted">–</span>'}</td></tr>`;
+    <td>${d.status === "busy" ? meter(d.busy_ratio, d.memory_bytes) : '<span class="muted">–</span>'}</td></tr>`;
 }
 
 export async function refreshCluster() {

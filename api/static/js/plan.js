@@ -21,12 +21,21 @@ function shareBar(d, globalBatch) {
     <span class="share-pct">${fmtPct(d.samples / total)}</span></div>`;
 }
 
-function layersBar(d, numBlocks) {
+function layersBar(d, numBlocks, lastStage) {
   if (!Array.isArray(d.layers)) return "–";
   const [first, last] = d.layers;
+  const staged = d.stage !== null && d.stage !== undefined;
+  const holdsEmbedding = staged ? d.stage === 0 : first === 0;
+  const holdsHead = staged ? d.stage === lastStage.get(d.pipeline) : last === numBlocks;
   const left = numBlocks ? (100 * first) / numBlocks : 0;
   const width = numBlocks ? (100 * (last - first)) / numBlocks : 0;
-  const label = last > first ? `blocks ${first}–${last - 1}` : "no blocks";
+  // Stage 0 also holds the embedding and the last stage the final norm and head.
+  const parts = [];
+  if (holdsEmbedding) parts.push("embedding");
+  if (last - first === 1) parts.push(`block ${first}`);
+  else if (last > first) parts.push(`blocks ${first}–${last - 1}`);
+  if (holdsHead) parts.push("head");
+  const label = parts.join(" + ");
   return `<div class="layers-track" title="[${first}, ${last})">
       <div class="layers-fill" style="left:${left.toFixed(2)}%;width:${Math.max(width, 0.8).toFixed(2)}%"></div>
     </div><div class="small muted">${label}</div>`;
@@ -44,6 +53,12 @@ export function renderPlan(container, plan, devices = new Map()) {
   const hasLayers = plan.devices.some((d) => Array.isArray(d.layers));
   const numBlocks = hasLayers ? Math.max(...plan.devices.map((d) => (d.layers ? d.layers[1] : 0))) : 0;
   const hasStages = plan.devices.some((d) => d.stage !== null && d.stage !== undefined);
+  const lastStage = new Map(); // pipeline -> its last stage, which holds the head
+  for (const d of plan.devices) {
+    if (hasStages && d.stage !== null && d.stage !== undefined) {
+      lastStage.set(d.pipeline, Math.max(lastStage.get(d.pipeline) ?? 0, d.stage));
+    }
+  }
   const rows = plan.devices.map((d) => {
     const info = devices.get(d.id) || {};
     const idle = d.samples === 0;
@@ -56,7 +71,7 @@ export function renderPlan(container, plan, devices = new Map()) {
       <td class="num">${idle ? "–" : fmtSeconds(d.busy_s)}</td>
       <td class="num">${idle ? "–" : fmtBytes(d.peak_bytes)}</td>
       ${hasStages ? `<td class="num">${d.pipeline ?? "–"} / ${d.stage ?? "–"}</td>` : ""}
-      ${hasLayers ? `<td>${layersBar(d, numBlocks)}</td>` : ""}
+      ${hasLayers ? `<td class="layers">${layersBar(d, numBlocks, lastStage)}</td>` : ""}
     </tr>`;
   }).join("");
   const excluded = (plan.excluded || []).length
@@ -66,10 +81,10 @@ export function renderPlan(container, plan, devices = new Map()) {
     ? `<ul class="plan-notes">${plan.notes.map((n) => `<li>${esc(n)}</li>`).join("")}</ul>` : "";
   container.innerHTML = `<div class="table-wrap"><table class="table plan-table">
       <thead><tr>
-        <th>Device</th><th>Type</th><th>Share of the batch (one block per micro-batch)</th>
+        <th>Device</th><th>Type</th><th title="One block per micro-batch">Share of the batch</th>
         <th class="num">Samples</th><th class="num" title="micro-batch × accumulation steps">Micro × accum</th>
         <th class="num">Busy (pred.)</th><th class="num">Peak memory</th>
-        ${hasStages ? '<th class="num">Pipeline / stage</th>' : ""}
+        ${hasStages ? '<th class="num" title="pipeline / stage">Pipe / stage</th>' : ""}
         ${hasLayers ? "<th>Layers</th>" : ""}
       </tr></thead>
       <tbody>${rows}</tbody>
@@ -86,7 +101,9 @@ export function planSummary(plan) {
   ];
   const even = plan.baselines && plan.baselines.even;
   if (even && isNum(even.predicted_step_s) && plan.predicted_step_s > 0) {
-    parts.push(`${(even.predicted_step_s / plan.predicted_step_s).toFixed(2)}× the even split`);
+    const gain = even.predicted_step_s / plan.predicted_step_s;
+    parts.push(gain >= 1 ? `${gain.toFixed(2)}× faster than the even split`
+      : `${(1 / gain).toFixed(2)}× slower than the even split`);
   }
   return parts.join(" · ");
 }
