@@ -345,3 +345,19 @@ def test_readme_hetsched_commands_parse() -> None:
     assert commands
     for argv in commands:
         check_hetsched(argv)
+
+
+def test_kustomize_renders_the_manifests() -> None:
+    """``kubectl kustomize`` (offline) builds what ``kubectl apply -k deploy/kuberay`` applies."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(KUBERAY)], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d)
+    assert kinds == ["Deployment", "PersistentVolumeClaim", "RayCluster", "Service"]
