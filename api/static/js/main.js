@@ -63,8 +63,10 @@ async function pollHealth() {
     const response = await fetch("/healthz", { headers: { Accept: "application/json" } });
     const health = await response.json();
     const ok = response.ok && health.status === "ok";
-    box.className = `health ${ok ? "ok" : "down"}`;
-    box.querySelector(".health-text").textContent = ok ? "healthy" : health.status || "unhealthy";
+    const clusterUp = health.cluster === "available";
+    box.className = `health ${ok ? (clusterUp ? "ok" : "warn") : "down"}`;
+    box.querySelector(".health-text").textContent =
+      ok ? (clusterUp ? "healthy" : "no cluster") : health.status || "unhealthy";
     box.title = `database ${health.database} · cluster ${health.cluster} · executor ${health.executor}` +
       (health.version ? ` · v${health.version}` : "");
   } catch {
