@@ -29,7 +29,7 @@ length that holds the model (and of twice that, fewer bubbles per device vs.
 larger micro-batches), leftovers chained by memory; ``single`` — the best
 single pipeline over all devices (the ``pp`` plan). Identical pipelines are
 partitioned once (memoised by their devices' figures), which keeps a
-512-device plan to well under a second.
+512-device plan to about a second.
 """
 
 from __future__ import annotations

@@ -20,13 +20,17 @@ block, the final norm) is SUM-all-reduced among the devices that hold it,
 one all-reduce per distinct set of holders on its own subgroup: across
 pipelines in a hybrid plan, and for the tied token embedding between the
 first stage (embedding) and the last (head copy) — which keeps the two copies
-equal and their update the one single-device training makes. All ranks then
-take the same AdamW step (lockstep).
+equal and their update the one single-device training makes. These
+all-reduces (and the loss's, on a group of its own so that collectives never
+share a group with the point-to-point traffic) start as soon as a stage's last
+backward is done and overlap the rest of its paced time, as the data-parallel
+runtime does. All ranks then take the same AdamW step (lockstep).
 
 Simulated devices are paced like the data-parallel ones: a stage's
 micro-batch takes ``K · (speed_max / speed_i) · t_host(stage, m)`` where the
 stage's host time is the sum of its pieces' (:mod:`workers.layer_profile`),
-a third for the forward and two thirds for the backward. Memory is counted as
+a third for the forward and two thirds for the backward; a pass that overruns
+its target is paid back by the next ones. Memory is counted as
 the model states plus the saved activations of the micro-batches in flight,
 and an excess raises the same out-of-memory error as data parallelism.
 """
