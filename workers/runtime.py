@@ -128,6 +128,7 @@ class DataParallelWorker:
         total = sum(p.numel() for p in params)
         # One flat buffer: every gradient is a view into it, the last slot holds the loss sum.
         self.flat = torch.zeros(total + 1, device=device, dtype=dtype)
+        self.lockstep = torch.zeros(1, device=device)
         offset = 0
         for p in params:
             p.grad = self.flat[offset : offset + p.numel()].view_as(p)
@@ -185,6 +186,9 @@ class DataParallelWorker:
             peak_bytes = max(peak_bytes, result.peak_bytes)
         wait_start = time.perf_counter()
         work[0].wait()
+        # The gradients were summed during the pacing; this one-element all-reduce is where a
+        # device that finished early waits for the slowest (lockstep), so wait_s shows it.
+        dist.all_reduce(self.lockstep)
         wait_s = time.perf_counter() - wait_start
         self.optimizer.step()
         self.step_done = step

@@ -109,33 +109,22 @@ def test_an_actor_that_dies_ends_the_run_with_an_error_in_bounded_time(cache_dir
     assert time.monotonic() - start < 120
 
 
-def test_loss_really_falls(cache_dir) -> None:
-    plan = manual_plan([("a/0", 16, 16)])
-    result = train(
-        cluster=CLUSTER,
-        model=TINY,
-        plan=plan,
-        steps=30,
-        seed=1,
-        cache_dir=cache_dir,
-        optimizer=OptimizerConfig(lr=1e-2),
-    )
-    first, last = result.losses[0], sum(result.losses[-5:]) / 5
-    assert first == pytest.approx(5.55, abs=0.2)  # ln 256: uniform over bytes at init
-    assert last < 0.7 * first, result.losses
-
-
-def test_should_stop_ends_the_run_between_steps(cache_dir) -> None:
-    plan = manual_plan([("a/0", 2, 2), ("a/2", 2, 2)])
+def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(cache_dir) -> None:
+    plan = manual_plan([("a/0", 12, 12), ("a/2", 4, 4)])
     seen = []
     result = train(
         cluster=CLUSTER,
         model=TINY,
         plan=plan,
-        steps=20,
-        seed=0,
-        on_step=seen.append,
-        should_stop=lambda: len(seen) >= 2,
+        steps=1000,
+        seed=1,
         cache_dir=cache_dir,
+        optimizer=OptimizerConfig(lr=1e-2),
+        on_step=seen.append,
+        should_stop=lambda: len(seen) >= 30,
     )
-    assert result.stopped and result.steps_done == 2 and len(result.losses) == 2
+    assert result.stopped and result.steps_done == 30 and len(result.losses) == 30
+    assert [m.step for m in seen] == list(range(30))
+    first, last = result.losses[0], sum(result.losses[-5:]) / 5
+    assert first == pytest.approx(5.55, abs=0.2)  # ln 256: uniform over bytes at init
+    assert last < 0.7 * first, result.losses
