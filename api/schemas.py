@@ -136,7 +136,7 @@ class PlanCreate(_In):
 
     model: ModelRef = "gpt-tiny"
     global_batch: int = Field(default=32, ge=1, le=1_000_000)
-    strategy: StrategyName = "dp"
+    strategy: StrategyName = "auto"
     devices: list[DeviceId] | None = Field(
         default=None, max_length=4096, description="Device ids to use; all when absent."
     )

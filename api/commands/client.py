@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
     )
     submit.add_argument("--global-batch", type=int, default=32)
     submit.add_argument("--steps", type=int, default=20)
-    submit.add_argument("--strategy", default="dp", help="dp, even, proportional, ...")
+    submit.add_argument("--strategy", default="auto", help="auto, dp, pp, hybrid, even, ...")
     submit.add_argument("--lr", type=float, default=3e-3)
     submit.add_argument("--weight-decay", type=float, default=0.0)
     submit.add_argument("--seed", type=int, default=0)

@@ -45,7 +45,7 @@ def add_parser(subparsers: Any) -> None:
         "--global-batch", type=int, required=True, metavar="N", help="samples per step (>= 1)"
     )
     parser.add_argument(
-        "--strategy", choices=STRATEGIES, default="dp", help="planner (default: %(default)s)"
+        "--strategy", choices=STRATEGIES, default="auto", help="planner (default: %(default)s)"
     )
     parser.add_argument(
         "--efficiency",

@@ -70,7 +70,7 @@ def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_plan_shows_excluded_devices_with_reasons(capsys: pytest.CaptureFixture[str]) -> None:
     args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-xl", "--global-batch", "7")
-    code, out, _ = run_cli(capsys, "plan", *args)
+    code, out, _ = run_cli(capsys, "plan", *args, "--strategy", "dp")
     assert code == 0
     assert "Excluded:" in out
     assert "node-b/1  model states 24.9 GB exceed capacity 14.5 GB" in out
@@ -93,7 +93,7 @@ def test_plan_from_profile_and_efficiency(
     code, out, _ = run_cli(capsys, "plan", "--profile", str(path), "--global-batch", "32", "--json")
     assert code == 0
     from_profile = json.loads(out)
-    assert from_profile == make_plan(profile, 32).to_dict()
+    assert from_profile == make_plan(profile, 32, "auto").to_dict()
     args = ("--cluster", str(MIXED_LAB), "--model", "gpt-tiny", "--efficiency", "0.3")
     code, out, _ = run_cli(capsys, "plan", *args, "--global-batch", "32", "--json")
     assert json.loads(out) == from_profile, "--efficiency reaches the analytic profile"

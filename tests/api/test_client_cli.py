@@ -79,7 +79,7 @@ def test_submit_list_status_stop(server: str, capsys: pytest.CaptureFixture[str]
     assert main(["status", job["id"]]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"job {job['id']} (demo): PENDING")
-    assert "global batch 8, strategy dp" in out
+    assert "global batch 8, strategy auto" in out
 
     assert main(["stop", job["id"]]) == 0
     assert "STOPPED" in capsys.readouterr().out

@@ -95,7 +95,7 @@ def test_dry_run_plan_has_baselines_and_trains_nothing(offline: TestClient) -> N
     plan = preview["plan"]
     assert preview["profile_source"] == "analytic"  # Ray is off in this test
     assert sum(d["samples"] for d in plan["devices"]) == 64
-    assert set(plan["baselines"]) == {"even", "proportional"}
+    assert {"even", "proportional"} <= set(plan["baselines"])
     assert plan["predicted_step_s"] <= plan["baselines"]["even"]["predicted_step_s"]
     assert offline.get(JOBS).json()["count"] == 0
 
