@@ -159,7 +159,7 @@ def check_trainable(preset: ModelPreset) -> None:
     if preset.family != "gpt":
         raise HetschedError(
             f"model: {preset.name} is a {preset.family} preset; the trainer builds the gpt "
-            "family only (plan and simulate it analytically with `hetsched plan`)"
+            "family only (plan it analytically with `hetsched plan`)"
         )
 
 

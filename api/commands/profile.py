@@ -65,6 +65,9 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     preset = get_preset(args.model)
+    from workers.model import check_trainable
+
+    check_trainable(preset)  # before starting Ray: a llama preset cannot train here
     if args.cluster is None and args.ray_address is None:
         raise HetschedError("--cluster: required (or --ray-address to profile real GPUs)")
     cluster = load_cluster(args.cluster) if args.cluster is not None else None

@@ -239,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
     strategies = parse_strategies(args.strategies)
     cluster = load_cluster(args.cluster)
     preset = get_preset(args.model)
+    from workers.model import check_trainable
+
+    check_trainable(preset)  # before starting Ray: a llama preset cannot train here
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
