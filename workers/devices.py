@@ -94,6 +94,9 @@ class MicroBatchResult:
     """Device time of forward+backward (paced time on a simulated device)."""
     peak_bytes: int
     """Model states plus this micro-batch's activations."""
+    overran: bool = False
+    """A simulated device's real compute took longer than its target (host contention):
+    its time is then the host's, not the emulated GPU's."""
 
 
 def model_state_bytes(model: nn.Module) -> int:
@@ -178,7 +181,9 @@ class SimulatedDevice(TorchDevice):
         remaining = target - (time.perf_counter() - start)
         if remaining > 0:
             time.sleep(remaining)
-        return MicroBatchResult(busy_s=time.perf_counter() - start, peak_bytes=need)
+        return MicroBatchResult(
+            busy_s=time.perf_counter() - start, peak_bytes=need, overran=remaining <= 0
+        )
 
 
 class CudaDevice(TorchDevice):
