@@ -26,7 +26,7 @@ from api.db import make_engine
 from api.deps import AppState
 from api.executor import Executor
 from api.routes import api_router, health, metrics
-from api.services import ClusterHandle, Profiler, connect_cluster
+from api.services import ClusterHandle, ClusterUnavailable, Profiler, connect_cluster
 from api.settings import Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError, PlanError
@@ -74,7 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _hetsched(_request: Request, exc: HetschedError) -> JSONResponse:
         code = (
             status.HTTP_409_CONFLICT
-            if isinstance(exc, PlanError)
+            if isinstance(exc, PlanError | ClusterUnavailable)
             else (status.HTTP_422_UNPROCESSABLE_CONTENT)
         )
         return JSONResponse(

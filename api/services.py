@@ -13,6 +13,7 @@ store so ``GET /profiles`` and the dashboard can show it.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +33,10 @@ log = logging.getLogger("hetsched.api")
 BYTE_VOCAB = 256
 
 
+class ClusterUnavailable(HetschedError):
+    """The request needs the cluster, which cannot be reached (HTTP 409)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ClusterHandle:
     cluster: Cluster | None
@@ -44,6 +49,15 @@ class ClusterHandle:
 def connect_cluster(settings: Settings) -> ClusterHandle:
     """Attach to Ray as ``settings`` say; never raises for an unreachable cluster."""
     if settings.ray_address:
+        unreachable = _probe(settings.ray_address)
+        if unreachable:
+            return ClusterHandle(
+                cluster=None,
+                available=False,
+                simulated=False,
+                ray_address=settings.ray_address,
+                message=f"cannot connect to Ray at {settings.ray_address}: {unreachable}",
+            )
         try:
             from workers.session import connect_ray
 
@@ -78,6 +92,20 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
             cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
         )
     return ClusterHandle(cluster=cluster, available=True)
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why a ``host:port`` Ray address is unreachable, or None (``ray.init`` would retry
+    an unreachable head for minutes before failing)."""
+    rest = address.split("://", 1)[-1]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # "auto" and other forms: let Ray resolve them
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
 
 
 def _one_line(exc: BaseException) -> str:
@@ -205,7 +233,7 @@ class Profiler:
         """Measure (or read the workers' cache) and record the result in the store."""
         cluster = self.handle.cluster
         if cluster is None or not self.handle.available:
-            raise HetschedError(f"cluster: unavailable ({self.handle.message})")
+            raise ClusterUnavailable(f"cluster: unavailable ({self.handle.message})")
         if self.handle.simulated:
             check_simulated_fit(cluster, model, device_ids)
         from workers.session import profile_cluster
@@ -264,7 +292,7 @@ def dry_run(
     """Plan without training: a stored or fresh measurement, else the catalogue."""
     cluster = handle.cluster
     if cluster is None:
-        raise HetschedError(f"cluster: unavailable ({handle.message})")
+        raise ClusterUnavailable(f"cluster: unavailable ({handle.message})")
     if handle.simulated:
         check_simulated_fit(cluster, model, device_ids)
     profile = profiler.stored(model, device_ids)

@@ -201,3 +201,15 @@ def test_openapi_is_served_with_the_job_routes(offline: TestClient) -> None:
     spec = offline.get("/api/v1/openapi.json").json()
     assert "/api/v1/jobs/{job_id}/metrics" in spec["paths"]
     assert offline.get("/docs").status_code == 200
+
+
+def test_unreachable_ray_address_still_serves(app_client) -> None:  # type: ignore[no-untyped-def]
+    with app_client(ray_address="127.0.0.1:1", start_ray=True) as client:
+        assert client.get("/healthz").json()["cluster"] == "unavailable"
+        cluster = client.get("/api/v1/cluster").json()
+        assert cluster["available"] is False and cluster["simulated"] is False
+        assert cluster["message"].startswith("cannot connect to Ray at 127.0.0.1:1:")
+        job = client.post(JOBS, json=TINY_JOB)
+        assert job.status_code == 201 and job.json()["state"] == "PENDING"
+        plan = client.post("/api/v1/plans", json={})
+        assert plan.status_code == 409 and plan.json()["detail"].startswith("cluster: unavailable")
