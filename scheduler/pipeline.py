@@ -6,9 +6,10 @@ Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks
 ``[first, last)``; stage 0 also holds the embedding, the last stage the final
 norm and head. Per micro-batch, stage ``s`` on device ``d`` takes
 
-    t_s = Σ_pieces (fixed_s + b·per_sample_s)            (forward + backward)
+    t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
 
-from the device's per-layer profile, and needs
+from the device's per-layer profile (``n_s`` neighbours, each sending and
+receiving one message per micro-batch: :data:`P2P_LATENCY_S`), and needs
 
     mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
 
@@ -60,6 +61,11 @@ from scheduler.plan import DevicePlan, Excluded, Plan
 from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile
 
 INF = math.inf
+P2P_LATENCY_S = 1e-3
+"""Cost of one point-to-point message besides its bytes, charged to the stage per
+micro-batch: a stage exchanges activations and gradients with each neighbour
+(receives block it). Gloo on loopback takes 0.3–2 ms a message with Python around
+it; NCCL takes tens of µs, so on GPUs this errs towards fewer, larger micro-batches."""
 MAX_CHAIN_LENGTHS = 12
 """At most this many chain lengths are tried per order (all of them on small clusters)."""
 
@@ -107,6 +113,16 @@ def _ends(lp: LayerProfile, *, first: bool, last: bool) -> LayerCost:
         static_bytes=sum(c.static_bytes for c in pieces),
         per_sample_bytes=sum(c.per_sample_bytes for c in pieces),
     )
+
+
+def exchange_s(*, first: bool, last: bool) -> float:
+    """Per-micro-batch message latency of a stage: two messages per neighbour.
+
+    >>> exchange_s(first=True, last=True), exchange_s(first=True, last=False)
+    (0.0, 0.002)
+    """
+    neighbours = (0 if first else 1) + (0 if last else 1)
+    return 2 * neighbours * P2P_LATENCY_S
 
 
 def stage_time_s(
@@ -169,7 +185,7 @@ class Stage:
     last: int
     """Blocks ``[first, last)``."""
     time_s: float
-    """Forward + backward of one (largest) micro-batch."""
+    """Forward + backward of one (largest) micro-batch, plus its messages (:func:`exchange_s`)."""
     peak_bytes: int
 
 
@@ -213,6 +229,7 @@ def _stage_arrays(
         ends.fixed_s
         + k * lp.block.fixed_s
         + micro_batch * (ends.per_sample_s + k * lp.block.per_sample_s)
+        + exchange_s(first=first, last=last)
     )
     states = ends.static_bytes + k * lp.block.static_bytes
     if last and not first:
@@ -301,7 +318,8 @@ def partition(
                 device=d,
                 first=first_blk,
                 last=last_blk,
-                time_s=stage_time_s(lp, last_blk - first_blk, micro_batch, **flags),
+                time_s=stage_time_s(lp, last_blk - first_blk, micro_batch, **flags)
+                + exchange_s(**flags),
                 peak_bytes=stage_bytes(
                     lp,
                     last_blk - first_blk,

@@ -13,6 +13,7 @@ from scheduler.cluster import parse_cluster
 from scheduler.errors import PlanError
 from scheduler.models import get_preset
 from scheduler.pipeline import (
+    exchange_s,
     in_flight_1f1b,
     partition,
     plan_pp,
@@ -95,7 +96,11 @@ def brute_force(devices: list[DeviceProfile], micro_batch: int, m: int) -> float
             ):
                 worst = math.inf
                 break
-            worst = max(worst, stage_time_s(lp, k, micro_batch, first=first, last=last))
+            worst = max(
+                worst,
+                stage_time_s(lp, k, micro_batch, first=first, last=last)
+                + exchange_s(first=first, last=last),
+            )
         best = min(best, worst)
     return best
 
