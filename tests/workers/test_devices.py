@@ -66,7 +66,11 @@ def test_a_simulated_device_takes_its_paced_time() -> None:
     model = GPT(TINY, seed=0)
     pacing = Pacing(margin=5.0, speed_ratio=3.0, host=HOST)  # 15 × (0.01 + 2 × 0.02) = 0.75 s
     device = SimulatedDevice(device_id="d", capacity_bytes=2**40, pacing=pacing)
+    forward = _forward(model, 2)
+    device.run_micro_batch(forward, model=model, micro_batch=2)  # warm-up
     start = time.perf_counter()
-    result = device.run_micro_batch(_forward(model, 2), model=model, micro_batch=2)
-    assert result.busy_s == pytest.approx(0.75, abs=0.03)
-    assert time.perf_counter() - start == pytest.approx(0.75, abs=0.05)
+    result = device.run_micro_batch(forward, model=model, micro_batch=2)
+    elapsed = time.perf_counter() - start
+    assert not result.overran  # 2 samples of gpt-tiny compute in far less than 0.75 s
+    # Never faster than the emulated GPU; late only by the OS waking the sleeper up.
+    assert 0.75 <= result.busy_s <= elapsed < 0.85
