@@ -52,6 +52,7 @@ from scheduler.pipeline import (
     micro_batch_candidates,
     no_fit_message,
     partition,
+    prefer_larger_micro_batches,
     stage_plans,
     tied_embedding,
 )
@@ -236,7 +237,7 @@ def evaluate(
     partitioner: Partitioner,
 ) -> HybridChoice | None:
     """The best micro-batch size and shares for these pipelines."""
-    best: HybridChoice | None = None
+    choices: list[HybridChoice] = []
     for size in micro_batch_candidates(global_batch):
         num_micro = ceil_div(global_batch, size)
         micro = ceil_div(global_batch, num_micro)
@@ -263,9 +264,8 @@ def evaluate(
             compute_s=compute,
             comm_s=slowest - compute + sync,
         )
-        if best is None or choice.step_s < best.step_s:
-            best = choice
-    return best
+        choices.append(choice)
+    return prefer_larger_micro_batches(choices, lambda c: c.chains[0].micro_batch)
 
 
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:

@@ -41,14 +41,17 @@ descending. For each order the chain may leave devices out: it uses the ``k``
 fastest or the ``k`` largest devices (order kept) for every useful ``k``,
 since a slow stage or a longer bubble can cost more than it brings. Micro-batch
 sizes are tried over powers of two (and the whole batch); the global batch
-is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow.
+is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow; among
+plans predicted within 5 % of the fastest the one with the largest micro-batches
+is kept (:data:`LARGER_MICRO_BATCH_MARGIN`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +64,10 @@ from scheduler.plan import DevicePlan, Excluded, Plan
 from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile
 
 INF = math.inf
+LARGER_MICRO_BATCH_MARGIN = 0.05
+"""Among plans predicted within this share of the fastest, the largest micro-batch wins:
+the linear profile does not see that tiny micro-batches run GPUs (and paced CPUs) below
+their per-sample rate, nor per-message overheads, so near-ties go to fewer, larger ones."""
 P2P_LATENCY_S = 1e-3
 """Cost of one point-to-point message besides its bytes, charged to the stage per
 micro-batch: a stage exchanges activations and gradients with each neighbour
@@ -70,6 +77,14 @@ MAX_CHAIN_LENGTHS = 12
 """At most this many chain lengths are tried per order (all of them on small clusters)."""
 
 FloatArray = npt.NDArray[np.float64]
+
+
+class _Timed(Protocol):
+    @property
+    def step_s(self) -> float: ...
+
+
+C = TypeVar("C", bound=_Timed)
 
 
 def _gb(num_bytes: float) -> str:
@@ -443,7 +458,7 @@ def best_pipeline(
     """The fastest single pipeline over (a subset of) ``devices`` for ``global_batch``."""
     num_blocks = layers_of(devices[0]).num_blocks
     seen: set[tuple[str, ...]] = set()
-    best: PipelineChoice | None = None
+    choices: list[PipelineChoice] = []
     for order in candidate_orders(devices):
         for length in chain_lengths(len(order), num_blocks):
             for sub in sub_chains(order, length):
@@ -467,9 +482,17 @@ def best_pipeline(
                         compute_s=chain.compute_s(m),
                         comm_s=boundary_s(chain, links) + tied_sync_s(chain, links, tied),
                     )
-                    if best is None or choice.step_s < best.step_s:
-                        best = choice
-    return best
+                    choices.append(choice)
+    return prefer_larger_micro_batches(choices, lambda c: c.chain.micro_batch)
+
+
+def prefer_larger_micro_batches(choices: Sequence[C], micro_batch: Callable[[C], int]) -> C | None:
+    """The fastest choice, or a larger-micro-batch one within the margin of it."""
+    if not choices:
+        return None
+    fastest = min(c.step_s for c in choices)
+    near = [c for c in choices if c.step_s <= fastest * (1 + LARGER_MICRO_BATCH_MARGIN)]
+    return max(near, key=lambda c: (micro_batch(c), -c.step_s))
 
 
 def stage_plans(

@@ -4,7 +4,7 @@ Two measurements, both through :mod:`workers.devices`:
 
 - :func:`host_layers` times each piece's forward+backward on this host (one
   thread, min of several runs per micro-batch size, a line fit as in
-  :mod:`workers.calibration`) and rescales the pieces so that
+  :mod:`workers.calibration`) and rescales the pieces by one factor so that
   ``embed + L·block + head`` equals the whole model's host calibration. A
   simulated pipeline stage is then paced by the sum of its pieces, so a
   pipeline and a data-parallel run of the same model do the same total work.
@@ -120,26 +120,31 @@ def measure_host_pieces(
     return {piece: _time_piece(preset, piece, sizes, repeats) for piece in PIECES}
 
 
+NORMALISE_AT = 4
+"""Micro-batch size at which the pieces' sum is matched to the whole model's time."""
+
+
 def normalise(
     pieces: dict[str, HostCalibration], whole: HostCalibration, num_blocks: int
 ) -> dict[str, HostCalibration]:
-    """Scale the pieces so that ``embed + L·block + head`` is the whole model's time.
+    """Scale the pieces so that ``embed + L·block + head`` takes the whole model's time.
+
+    One factor for fixed and per-sample time, matched at :data:`NORMALISE_AT`
+    samples: the pieces keep their own measured split between the two (a
+    whole-model fit on a busy host may clip its fixed time to zero, which
+    would otherwise erase every piece's fixed cost).
 
     >>> p = {k: HostCalibration(fixed_s=1.0, per_sample_s=1.0) for k in PIECES}
-    >>> normalise(p, HostCalibration(fixed_s=4.0, per_sample_s=8.0), 2)["block"]
-    HostCalibration(fixed_s=1.0, per_sample_s=2.0)
+    >>> normalise(p, HostCalibration(fixed_s=0.0, per_sample_s=10.0), 2)["block"]
+    HostCalibration(fixed_s=2.0, per_sample_s=2.0)
     """
-    sum_fixed = sum(pieces[k].fixed_s * (num_blocks if k == "block" else 1) for k in PIECES)
-    sum_per = sum(pieces[k].per_sample_s * (num_blocks if k == "block" else 1) for k in PIECES)
-    f = whole.fixed_s / sum_fixed if sum_fixed > 0 else 0.0
-    s = whole.per_sample_s / sum_per if sum_per > 0 else 0.0
-    out = {
-        k: HostCalibration(fixed_s=v.fixed_s * f, per_sample_s=v.per_sample_s * s)
+    count = {"embed": 1, "block": num_blocks, "head": 1}
+    total = sum(pieces[k].time_s(NORMALISE_AT) * count[k] for k in PIECES)
+    factor = whole.time_s(NORMALISE_AT) / total if total > 0 else 0.0
+    return {
+        k: HostCalibration(fixed_s=v.fixed_s * factor, per_sample_s=v.per_sample_s * factor)
         for k, v in pieces.items()
     }
-    if sum_fixed <= 0:  # no fixed cost measured anywhere: spread the whole's over blocks
-        out["block"] = replace(out["block"], fixed_s=whole.fixed_s / num_blocks)
-    return out
 
 
 def host_layers(
