@@ -290,7 +290,12 @@ def profile_devices(
         if not simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
         start_local_ray(cluster)
-    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir) if simulated else None
+    # refresh re-measures the host calibration too: the pacing of later runs follows it.
+    pacing_of = (
+        simulated_pacing(cluster, preset, cache_dir=cache_dir, refresh=refresh)
+        if simulated
+        else None
+    )
     host = pacing_of(ids[0])[1].host if pacing_of is not None else None
     hook = _layer_hook(preset, host, cache_dir) if layers == "auto" else layers
 
