@@ -88,7 +88,8 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
-def read_job(job: JobDep) -> JobPublic:
+async def read_job(job: JobDep) -> JobPublic:
+    """The job (polled by dashboards, so served without a thread-pool hop)."""
     return job_public(job)
 
 
