@@ -165,6 +165,17 @@ class DataParallelWorker:
             self.flat[-1] = loss_sum * scale
             work.append(dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, async_op=True))
 
+        updated: list[bool] = []
+
+        def update_when_reduced() -> bool:
+            # Once every device's gradients are summed, the update needs no one else.
+            if not work[0].is_completed():
+                return False
+            work[0].wait()
+            self.optimizer.step()
+            updated.append(True)
+            return True
+
         busy_s, peak_bytes, start = 0.0, 0, 0
         for i, size in enumerate(sizes):
             xi, yi = x[start : start + size], y[start : start + size]
@@ -176,21 +187,25 @@ class DataParallelWorker:
                 loss_sum = loss_sum + loss.detach()
                 return loss * scale
 
+            last = i == len(sizes) - 1
             result = self.device.run_micro_batch(
                 forward,
                 model=model,
                 micro_batch=size,
-                after_backward=start_all_reduce if i == len(sizes) - 1 else None,
+                after_backward=start_all_reduce if last else None,
+                while_paced=update_when_reduced if last else None,
             )
             busy_s += result.busy_s
             peak_bytes = max(peak_bytes, result.peak_bytes)
         wait_start = time.perf_counter()
-        work[0].wait()
-        # The gradients were summed during the pacing; this one-element all-reduce is where a
-        # device that finished early waits for the slowest (lockstep), so wait_s shows it.
+        if not updated:  # a real GPU, or a device whose peers were still computing
+            work[0].wait()
+        # This one-element all-reduce is where a device that finished early waits for the
+        # slowest (lockstep), so wait_s shows it.
         dist.all_reduce(self.lockstep)
         wait_s = time.perf_counter() - wait_start
-        self.optimizer.step()
+        if not updated:
+            self.optimizer.step()
         self.step_done = step
         return {
             "loss": float(self.flat[-1].item()),
