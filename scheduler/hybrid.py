@@ -1,6 +1,6 @@
 """Hybrid plans (``hybrid``): several uneven pipelines side by side, data-parallel across them.
 
-Each pipeline is partitioned exactly as in :mod:`scheduler.pipeline` (with the
+Each pipeline is partitioned exactly as in :mod:`scheduler.stages` (with the
 conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
 valid whatever share it gets). The global batch is cut into ``M`` micro-batches
 of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
@@ -41,23 +41,25 @@ from dataclasses import dataclass, replace
 from scheduler.costmodel import ceil_div, ring_allreduce_s
 from scheduler.errors import PlanError
 from scheduler.pipeline import (
-    Chain,
-    Tied,
     best_pipeline,
-    boundary_s,
     exclusion_reason,
-    in_flight_1f1b,
     layer_usable,
-    layers_of,
     micro_batch_candidates,
     no_fit_message,
-    partition,
     prefer_larger_micro_batches,
     stage_plans,
-    tied_embedding,
 )
 from scheduler.plan import DevicePlan, Excluded, Plan
 from scheduler.profile import DeviceProfile, Profile
+from scheduler.stages import (
+    Chain,
+    Tied,
+    boundary_s,
+    in_flight_1f1b,
+    layers_of,
+    partition,
+    tied_embedding,
+)
 
 Group = tuple[DeviceProfile, ...]
 

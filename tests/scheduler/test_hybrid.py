@@ -9,9 +9,9 @@ import pytest
 from scheduler.cluster import parse_cluster
 from scheduler.hybrid import allocate
 from scheduler.models import get_preset
-from scheduler.pipeline import Chain, Stage
 from scheduler.planner import make_plan
 from scheduler.profile import DeviceProfile, analytic_profile
+from scheduler.stages import Chain, Stage
 
 
 def _cluster(num_nodes: int, per_node: int = 4) -> dict:

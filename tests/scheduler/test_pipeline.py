@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from scheduler.cluster import parse_cluster
 from scheduler.errors import PlanError
 from scheduler.models import get_preset
-from scheduler.pipeline import (
+from scheduler.pipeline import plan_pp
+from scheduler.planner import make_plan
+from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile, analytic_profile
+from scheduler.stages import (
     exchange_s,
     in_flight_1f1b,
     partition,
-    plan_pp,
     stage_bytes,
     stage_time_s,
 )
-from scheduler.planner import make_plan
-from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile, analytic_profile
 
 MIXED = {
     "name": "mixed",
