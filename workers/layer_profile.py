@@ -17,7 +17,7 @@ Two measurements, both through :mod:`workers.devices`:
   states (weights, gradients, AdamW moments). The head is measured as a
   pipeline's last stage holds it, with its own copy of the tied embedding
   weight, so its ``static_bytes`` include that copy
-  (:func:`scheduler.pipeline.tied_embedding`).
+  (:func:`scheduler.stages.tied_embedding`).
 
 Stage-boundary activations are one ``(T, C)`` fp32 tensor per sample.
 """
