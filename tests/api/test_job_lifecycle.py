@@ -70,10 +70,15 @@ def wait_for(
 
 def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> None:
     with live() as client:
-        job = client.post(
-            JOBS,
-            json={"name": "life", "model": "gpt-tiny", "global_batch": 16, "steps": 4, "seed": 1},
-        ).json()
+        spec = {
+            "name": "life",
+            "model": "gpt-tiny",
+            "global_batch": 16,
+            "steps": 4,
+            "seed": 1,
+            "strategy": "dp",
+        }
+        job = client.post(JOBS, json=spec).json()
         running = wait_for(client, job["id"], lambda j: j["state"] != "PENDING")
         assert running["state"] in {"RUNNING", "SUCCEEDED"}, running["message"]
         done = wait_for(client, job["id"], lambda j: j["state"] in TERMINAL)
@@ -105,6 +110,12 @@ def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> Non
         assert cluster["available"] and all(d["status"] == "idle" for d in devices)
         assert all(d["measured"]["model"] == "gpt-tiny" for d in devices)
         assert client.get("/api/v1/profiles").json()["count"] >= 1
+        # Measured figures are cached: profiling again and a dry run are instant.
+        profiled = client.post("/api/v1/cluster/profile", json={"model": "gpt-tiny"}).json()
+        assert profiled["source"] == "measured" and len(profiled["profile"]["devices"]) == 4
+        preview = client.post("/api/v1/plans", json={"global_batch": 16, "strategy": "dp"}).json()
+        assert preview["profile_source"] == "measured"
+        assert preview["plan"]["devices"] == plan["devices"]  # same profile, same split
         assert 'hetsched_jobs{state="SUCCEEDED"} 1' in client.get("/metrics").text
         assert client.delete(f"{JOBS}/{job['id']}").status_code == 200
 
