@@ -15,9 +15,6 @@ data-parallel runtime.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,10 +28,11 @@ from scheduler.plan import DevicePlan, Plan
 from workers.actors import actor_options, gather, kill_all
 from workers.calibration import default_cache_dir
 from workers.devices import Pacing
+from workers.driver import SETUP_TIMEOUT_S, form_group, run_steps, shut_down, train_result
 from workers.errors import WorkerError
 from workers.layer_profile import host_layers, stage_host
-from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult, median_devices
-from workers.runtime import DTYPES, SETUP_TIMEOUT_S, step_timeout_s
+from workers.records import OptimizerConfig, StepMetrics, TrainResult
+from workers.runtime import DTYPES
 from workers.stage_worker import PipelineWorker, StageSpec, SyncGroup
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
@@ -213,53 +211,15 @@ def train_pipeline(
     ids = [s.device_id for s in specs]
     remote_cls = ray.remote(PipelineWorker)
     actors: list[Any] = []
-    history: list[StepMetrics] = []
-    stopped = False
+    state = None
     try:
         for spec in specs:
             options = actor_options(cluster.device(spec.device_id), simulated=simulated)
             actors.append(remote_cls.options(**options).remote(spec))
-        addr, port = gather(
-            [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
-        )[0]
-        gather(
-            [a.setup.remote(addr, port) for a in actors],
-            ids,
-            timeout_s=SETUP_TIMEOUT_S,
-            what="process-group setup",
+        form_group(actors, ids)
+        history, stopped = run_steps(
+            actors, ids, plan=plan, steps=steps, on_step=on_step, should_stop=should_stop
         )
-        timeout = step_timeout_s(plan)
-        for step in range(steps):
-            if should_stop is not None and should_stop():
-                stopped = True
-                break
-            begin = time.perf_counter()
-            out = gather(
-                [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
-            )
-            step_s = time.perf_counter() - begin
-            loss = out[0]["loss"]
-            if not math.isfinite(loss):
-                raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
-            metrics = StepMetrics(
-                step=step,
-                loss=loss,
-                step_s=step_s,
-                samples_per_s=plan.global_batch / step_s,
-                devices=tuple(
-                    DeviceStep(
-                        id=i,
-                        busy_s=o["busy_s"],
-                        wait_s=o["wait_s"],
-                        peak_bytes=int(o["peak_bytes"]),
-                    )
-                    for i, o in zip(ids, out, strict=True)
-                ),
-            )
-            history.append(metrics)
-            if on_step is not None:
-                on_step(metrics)
-        state = None
         if keep_state and history:
             first_pipeline = [i for i, s in enumerate(specs) if specs[0].num_stages > s.rank]
             parts = gather(
@@ -272,15 +232,7 @@ def train_pipeline(
             for part in parts:
                 merged.update(part)
             state = {"step": history[-1].step, "model": merged, "optimizer": None}
-        with contextlib.suppress(WorkerError):  # results stand; actors are killed below
-            gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
+        shut_down(actors, ids)
     finally:
         kill_all(actors)
-    return TrainResult(
-        steps_done=len(history),
-        losses=[m.loss for m in history],
-        step_times_s=[m.step_s for m in history],
-        devices=median_devices(history),
-        stopped=stopped,
-        state=state,
-    )
+    return train_result(history, stopped=stopped, state=state)

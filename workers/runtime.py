@@ -23,8 +23,6 @@ Open for checkpoint/resume and re-planning: :func:`run_data_parallel` takes
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import time
 from collections.abc import Callable
@@ -43,11 +41,11 @@ from scheduler.plan import DevicePlan, Plan
 from workers.actors import actor_options, free_port, gather, kill_all
 from workers.data import ByteDataset
 from workers.devices import CudaDevice, Pacing, SimulatedDevice, TorchDevice
+from workers.driver import SETUP_TIMEOUT_S, form_group, run_steps, shut_down, train_result
 from workers.errors import WorkerError
 from workers.model import GPT, lm_loss_sum
-from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult, median_devices
+from workers.records import OptimizerConfig, StepMetrics, TrainResult
 
-SETUP_TIMEOUT_S = 180.0
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 COLLECTIVE_TIMEOUT_S = 120.0
 """torch.distributed's own timeout; the driver kills stuck actors long before."""
@@ -237,11 +235,6 @@ class DataParallelWorker:
         return os.getpid()
 
 
-def step_timeout_s(plan: Plan) -> float:
-    """Generous bound on one step: a slow step is fine, a hung one is an error."""
-    return max(60.0, 20.0 * plan.predicted_step_s)
-
-
 def make_specs(
     *,
     cluster: Cluster,
@@ -302,8 +295,7 @@ def run_data_parallel(
     ids = [s.device_id for s in specs]
     remote_cls = ray.remote(DataParallelWorker)
     actors = []
-    history: list[StepMetrics] = []
-    stopped = False
+    state = None
     try:
         for spec in specs:
             name = f"{actor_name_prefix}{spec.device_id}" if actor_name_prefix else None
@@ -311,15 +303,7 @@ def run_data_parallel(
                 cluster.device(spec.device_id), simulated=spec.simulated, name=name
             )
             actors.append(remote_cls.options(**options).remote(spec))
-        addr, port = gather(
-            [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
-        )[0]
-        gather(
-            [a.setup.remote(addr, port) for a in actors],
-            ids,
-            timeout_s=SETUP_TIMEOUT_S,
-            what="process-group setup",
-        )
+        form_group(actors, ids)
         if initial_state is not None:
             gather(
                 [a.load_state_dict.remote(initial_state) for a in actors],
@@ -327,38 +311,15 @@ def run_data_parallel(
                 timeout_s=SETUP_TIMEOUT_S,
                 what="state restore",
             )
-        timeout = step_timeout_s(plan)
-        for step in range(start_step, start_step + steps):
-            if should_stop is not None and should_stop():
-                stopped = True
-                break
-            begin = time.perf_counter()
-            out = gather(
-                [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
-            )
-            step_s = time.perf_counter() - begin
-            loss = out[0]["loss"]
-            if not math.isfinite(loss):
-                raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
-            metrics = StepMetrics(
-                step=step,
-                loss=loss,
-                step_s=step_s,
-                samples_per_s=plan.global_batch / step_s,
-                devices=tuple(
-                    DeviceStep(
-                        id=i,
-                        busy_s=o["busy_s"],
-                        wait_s=o["wait_s"],
-                        peak_bytes=int(o["peak_bytes"]),
-                    )
-                    for i, o in zip(ids, out, strict=True)
-                ),
-            )
-            history.append(metrics)
-            if on_step is not None:
-                on_step(metrics)
-        state = None
+        history, stopped = run_steps(
+            actors,
+            ids,
+            plan=plan,
+            steps=steps,
+            start_step=start_step,
+            on_step=on_step,
+            should_stop=should_stop,
+        )
         if keep_state and history:
             state = gather(
                 [actors[0].state_dict.remote()],
@@ -366,16 +327,7 @@ def run_data_parallel(
                 timeout_s=SETUP_TIMEOUT_S,
                 what="state save",
             )[0]
-        # The run's results stand even if a teardown fails; the actors are killed below anyway.
-        with contextlib.suppress(WorkerError):
-            gather([a.shutdown.remote() for a in actors], ids, timeout_s=30, what="shutdown")
+        shut_down(actors, ids)
     finally:
         kill_all(actors)
-    return TrainResult(
-        steps_done=len(history),
-        losses=[m.loss for m in history],
-        step_times_s=[m.step_s for m in history],
-        devices=median_devices(history),
-        stopped=stopped,
-        state=state,
-    )
+    return train_result(history, stopped=stopped, state=state)
