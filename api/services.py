@@ -28,6 +28,7 @@ from scheduler.models import ModelPreset, get_preset
 from scheduler.plan import Plan
 from scheduler.planner import make_plan
 from scheduler.profile import USABLE_MEMORY_FRACTION, Profile, analytic_profile, profile_from_dict
+from scheduler.units import format_bytes
 
 log = logging.getLogger("hetsched.api")
 BYTE_VOCAB = 256
@@ -203,8 +204,8 @@ def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[s
         if model.model_state_bytes <= capacity:
             return
         reasons.append(
-            f"{device_id}: model states {model.model_state_bytes / 1e6:.1f} MB "
-            f"exceed simulated capacity {capacity / 1e6:.1f} MB"
+            f"{device_id}: model states {format_bytes(model.model_state_bytes)} "
+            f"exceed simulated capacity {format_bytes(capacity)}"
         )
     more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
     raise PlanError(f"no device can hold the model: {'; '.join(reasons[:3])}{more}")

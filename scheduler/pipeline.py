@@ -40,6 +40,7 @@ from scheduler.stages import (
     tied_embedding,
     tied_sync_s,
 )
+from scheduler.units import format_bytes
 
 LARGER_MICRO_BATCH_MARGIN = 0.05
 """Among plans predicted within this share of the fastest, the largest micro-batch wins:
@@ -55,10 +56,6 @@ class _Timed(Protocol):
 
 
 C = TypeVar("C", bound=_Timed)
-
-
-def _gb(num_bytes: float) -> str:
-    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
 
 
 # --- choosing the chain ----------------------------------------------------
@@ -219,8 +216,8 @@ def exclusion_reason(device: DeviceProfile, tied: Tied) -> str:
     )
     if smallest > device.capacity_bytes:
         return (
-            f"even the smallest stage piece needs {_gb(smallest)} with one sample, "
-            f"capacity {_gb(device.capacity_bytes)}"
+            f"even the smallest stage piece needs {format_bytes(smallest)} with one sample, "
+            f"capacity {format_bytes(device.capacity_bytes)}"
         )
     return "idle: the pipeline is predicted faster without it"
 
@@ -241,9 +238,10 @@ def no_fit_message(devices: Sequence[DeviceProfile], tied: Tied) -> str:
     )
     capacity = sum(d.capacity_bytes for d in devices)
     return (
-        f"no pipeline over {len(devices)} devices fits: model states {_gb(states)} plus "
-        f"{_gb(act)} of activations per sample (held for several micro-batches under 1F1B) "
-        f"against {_gb(capacity)} of capacity in total, spread over devices that must "
+        f"no pipeline over {len(devices)} devices fits: model states {format_bytes(states)} plus "
+        f"{format_bytes(act)} of activations per sample (held for several micro-batches "
+        "under 1F1B) "
+        f"against {format_bytes(capacity)} of capacity in total, spread over devices that must "
         "each hold whole blocks"
     )
 

@@ -46,11 +46,11 @@ from scheduler.costmodel import ring_allreduce_s, slowest_link_gbps
 from scheduler.errors import PlanError
 from scheduler.plan import DP_STRATEGIES, PIPELINE_STRATEGIES, Baseline, DevicePlan, Excluded, Plan
 from scheduler.profile import DeviceProfile, Profile
+from scheduler.units import format_bytes
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-GB = 1e9
 
 STRATEGIES: tuple[str, ...] = ("auto", *DP_STRATEGIES, *PIPELINE_STRATEGIES)
 """Strategies :func:`make_plan` accepts, in the order the command line and API
@@ -59,17 +59,11 @@ offer them. A module that adds strategies extends this tuple with them."""
 BASELINES = ("even", "proportional")
 
 
-def _gb(num_bytes: float) -> str:
-    if num_bytes >= 0.1 * GB:
-        return f"{num_bytes / GB:.1f} GB"
-    return f"{num_bytes / 1e6:.1f} MB"
-
-
 def _exclusion(d: DeviceProfile) -> Excluded:
-    states, capacity = _gb(d.static_bytes), _gb(d.capacity_bytes)
+    states, capacity = format_bytes(d.static_bytes), format_bytes(d.capacity_bytes)
     if d.static_bytes > d.capacity_bytes:
         return Excluded(id=d.id, reason=f"model states {states} exceed capacity {capacity}")
-    sample = _gb(d.per_sample_bytes)
+    sample = format_bytes(d.per_sample_bytes)
     return Excluded(
         id=d.id, reason=f"model states {states} + one sample {sample} exceed capacity {capacity}"
     )

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from scheduler.errors import HetschedError
-
-MB = 1e6
+from scheduler.units import format_bytes
 
 
 class WorkerError(HetschedError):
@@ -29,7 +28,7 @@ class DeviceOutOfMemory(RuntimeError):
         self.capacity_bytes = capacity_bytes
         super().__init__(
             f"{device_id}: out of memory: micro-batch {micro_batch} needs "
-            f"{need_bytes / MB:.1f} MB, capacity {capacity_bytes / MB:.1f} MB"
+            f"{format_bytes(need_bytes)}, capacity {format_bytes(capacity_bytes)}"
         )
 
     def __reduce__(self) -> tuple[type, tuple[str, int, int, int]]:

@@ -24,9 +24,9 @@ from scheduler.models import PRESETS, get_preset
 from scheduler.plan import Plan
 from scheduler.planner import STRATEGIES, make_plan
 from scheduler.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
+from scheduler.units import format_bytes
 
 BAR_WIDTH = 20
-GB = 1e9
 
 
 def add_parser(subparsers: Any) -> None:
@@ -135,7 +135,7 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
     for d in plan.devices:
         device = profile.device(d.id)
         capacity = device.capacity_bytes
-        memory = f"{d.peak_bytes / GB:.1f}/{capacity / GB:.1f} GB"
+        memory = f"{format_bytes(d.peak_bytes)} / {format_bytes(capacity)}"
         memory += f" ({d.peak_bytes / capacity:.0%})" if capacity else ""
         share = d.samples / plan.global_batch
         row = [d.id, device.type, str(d.samples), str(d.micro_batch), str(d.accum_steps)]
