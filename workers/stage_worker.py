@@ -248,10 +248,12 @@ class PipelineWorker:
                 if need > spec.capacity_bytes:
                     raise DeviceOutOfMemory(spec.device_id, size, need, spec.capacity_bytes)
                 acc["peak"] = max(acc["peak"], need)
+            # A simulated device hands its output on only once its paced time
+            # is over, as a real GPU's result exists only when its kernels end.
+            acc["busy"] += self._pace(start, FORWARD_SHARE, size)
             if not is_last:
                 sends.append(dist.isend(out.detach().contiguous(), dst=spec.next_rank))
             inputs[i], outputs[i] = inp, out
-            acc["busy"] += self._pace(start, FORWARD_SHARE, size)
 
         def backward(i: int) -> None:
             out, inp = outputs.pop(i), inputs.pop(i)
@@ -262,12 +264,12 @@ class PipelineWorker:
             start = time.perf_counter()
             out.backward(grad)
             acc["flight"] -= saved.pop(i)
-            if not is_first:
-                assert inp.grad is not None
-                sends.append(dist.isend(inp.grad.contiguous(), dst=spec.prev_rank))
             if i == len(sizes) - 1:  # gradients complete: overlap their sync with pacing
                 syncing.extend(self._start_sync(acc["loss"] * scale))
             acc["busy"] += self._pace(start, 1 - FORWARD_SHARE, sizes[i])
+            if not is_first:  # after the paced time, as in forward
+                assert inp.grad is not None
+                sends.append(dist.isend(inp.grad.contiguous(), dst=spec.prev_rank))
 
         m = len(sizes)
         warmup = min(spec.num_stages - spec.stage - 1, m)
