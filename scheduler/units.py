@@ -12,13 +12,13 @@ MB = 1e6
 
 
 def format_bytes(num_bytes: float) -> str:
-    """``2.1 GB`` from a tenth of a gigabyte up, ``31.2 MB`` below.
+    """``2.1 GB`` from a gigabyte up, ``171.8 MB`` below (three digits, not ``0.2 GB``).
 
     >>> format_bytes(2_100_000_000)
     '2.1 GB'
-    >>> format_bytes(31_200_000)
-    '31.2 MB'
+    >>> format_bytes(171_800_000)
+    '171.8 MB'
     """
-    if abs(num_bytes) >= 0.1 * GB:
+    if abs(num_bytes) >= GB:
         return f"{num_bytes / GB:.1f} GB"
     return f"{num_bytes / MB:.1f} MB"

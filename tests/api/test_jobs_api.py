@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -85,7 +86,7 @@ def test_a_model_that_fits_nowhere_is_409_with_the_planner_reason(offline: TestC
         assert response.status_code == 409, path
         detail = response.json()["detail"]
         assert detail.startswith("no device can hold the model: node-a/0: model states")
-        assert "MB exceed simulated capacity" in detail
+        assert re.search(r"model states [\d.]+ GB exceed simulated capacity [\d.]+ MB", detail)
 
 
 def test_dry_run_plan_has_baselines_and_trains_nothing(offline: TestClient) -> None:
