@@ -302,21 +302,6 @@ def _build(
     )
 
 
-def build_plan(
-    *,
-    strategy: str,
-    profile: Profile,
-    devices: Sequence[DeviceProfile],
-    samples: Sequence[int],
-    excluded: Sequence[Excluded],
-    notes: Sequence[str] = (),
-) -> Plan:
-    """Turn a split into a plan: micro-batches, offsets, predicted times."""
-    return _build(
-        strategy, profile, _group(devices), np.array(samples, dtype=np.int64), excluded, notes
-    )
-
-
 def _dp(profile: Profile, group: _Group, excluded: list[Excluded], global_batch: int) -> Plan:
     samples = _optimal(group, global_batch)
     if len(group.nodes) > 1 and profile.gradient_bytes > 0:

@@ -237,25 +237,3 @@ class CudaDevice(TorchDevice):
         if peak > self.capacity_bytes:
             raise self._oom(micro_batch, peak)
         return MicroBatchResult(busy_s=start.elapsed_time(end) / 1000.0, peak_bytes=peak)
-
-
-def make_device(
-    *,
-    cluster: Cluster,
-    device: Device,
-    simulated: bool,
-    host: HostCalibration | None = None,
-    margin: float | None = None,
-    num_cpus: int = 2,
-) -> TorchDevice:
-    """The device object an actor uses for ``device`` of ``cluster``."""
-    if not simulated:
-        return CudaDevice(device_id=device.id)
-    if host is None:
-        raise ValueError("a simulated device needs the host calibration")
-    k = default_margin(len(cluster.devices), num_cpus) if margin is None else margin
-    return SimulatedDevice(
-        device_id=device.id,
-        capacity_bytes=simulated_capacity_bytes(cluster, device),
-        pacing=Pacing(margin=k, speed_ratio=speed_ratio(cluster, device), host=host),
-    )
