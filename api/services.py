@@ -15,19 +15,20 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from api.schemas import ModelDims
 from api.settings import Settings
 from api.store import JobStore, ProfileRecord
+from scheduler.capacity import usable_capacity_bytes
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError, PlanError
 from scheduler.models import ModelPreset, get_preset
 from scheduler.plan import Plan
 from scheduler.planner import make_plan
-from scheduler.profile import USABLE_MEMORY_FRACTION, Profile, analytic_profile, profile_from_dict
+from scheduler.profile import Profile, analytic_profile, profile_from_dict
 from scheduler.units import format_bytes
 
 log = logging.getLogger("hetsched.api")
@@ -193,14 +194,15 @@ def check_trainable(model: ModelPreset) -> None:
 def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[str]) -> None:
     """Refuse, before any actor builds it, a model whose states fit no simulated device.
 
-    Simulated capacity is ``memory_gb × memory_scale``; the model states are
-    16 bytes per parameter (weights, gradients, AdamW moments).
+    Simulated capacity is :func:`scheduler.capacity.usable_capacity_bytes`; the
+    model states are 16 bytes per parameter (weights, gradients, AdamW moments).
     """
-    scale = cluster.simulation.memory_scale
     reasons = []
     for device_id in device_ids:
         device = cluster.device(device_id)
-        capacity = device.memory_bytes * scale * USABLE_MEMORY_FRACTION
+        capacity = usable_capacity_bytes(
+            device.memory_bytes, simulated=True, memory_scale=cluster.simulation.memory_scale
+        )
         if model.model_state_bytes <= capacity:
             return
         reasons.append(
@@ -301,24 +303,9 @@ def dry_run(
         profile = profiler.measure(model, device_ids)
     source = "measured"
     if profile is None:
-        profile = analytic_profile(cluster.subset(device_ids), model)
+        profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
         source = "analytic"
-        if handle.simulated:
-            profile = _scaled(profile, cluster)
     return make_plan(profile, global_batch, strategy), source
-
-
-def _scaled(profile: Profile, cluster: Cluster) -> Profile:
-    """An analytic profile with the simulated (scaled) memory of each device."""
-    scale = cluster.simulation.memory_scale
-    devices = tuple(
-        replace(
-            d,
-            capacity_bytes=int(cluster.device(d.id).memory_bytes * scale * USABLE_MEMORY_FRACTION),
-        )
-        for d in profile.devices
-    )
-    return replace(profile, devices=devices)
 
 
 def plan_summary(plan: Plan) -> str:

@@ -18,6 +18,7 @@ from api.schemas import (
 )
 from api.services import ClusterHandle
 from api.store import JobRecord, JobStore, ProfileRecord
+from scheduler.capacity import usable_capacity_bytes
 
 
 def plan_public(plan: dict[str, Any]) -> PlanPublic:
@@ -101,7 +102,6 @@ def cluster_public(
     busy = executor.busy_devices() if executor else {}
     live = {job.job_id: job for job in executor.live()} if executor else {}
     speeds = _latest_speeds(store)
-    scale = cluster.simulation.memory_scale if handle.simulated else 1.0
     nodes: dict[str, list[DevicePublic]] = {}
     for d in cluster.devices:
         job_id = busy.get(d.id)
@@ -119,7 +119,11 @@ def cluster_public(
                 node=d.node,
                 type=d.type,
                 memory_gb=d.memory_gb,
-                capacity_bytes=int(d.memory_bytes * scale),
+                capacity_bytes=usable_capacity_bytes(
+                    d.memory_bytes,
+                    simulated=handle.simulated,
+                    memory_scale=cluster.simulation.memory_scale,
+                ),
                 peak_tflops=d.peak_tflops,
                 status=status,
                 job_id=job_id,

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.capacity import usable_capacity_bytes
 from scheduler.cluster import Cluster, Links
 from scheduler.errors import ProfileError
 from scheduler.models import ModelPreset
 
 DEFAULT_EFFICIENCY = 0.4
 """Model FLOP utilisation assumed by analytic profiles; 30–50 % is typical."""
-USABLE_MEMORY_FRACTION = 0.9
-"""Share of device memory the planner may use (CUDA context, fragmentation)."""
 LAUNCH_OVERHEAD_PER_LAYER_S = 50e-6
 
 
@@ -289,9 +288,17 @@ def analytic_layers(
 
 
 def analytic_profile(
-    cluster: Cluster, model: ModelPreset, *, efficiency: float = DEFAULT_EFFICIENCY
+    cluster: Cluster,
+    model: ModelPreset,
+    *,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    simulated: bool = False,
 ) -> Profile:
-    """A profile of ``cluster`` training ``model``, from the catalogue alone."""
+    """A profile of ``cluster`` training ``model``, from the catalogue alone.
+
+    ``simulated``: capacities are those of the cluster's simulated devices
+    (:func:`scheduler.capacity.usable_capacity_bytes`).
+    """
     if not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
     from scheduler.catalogue import lookup
@@ -306,7 +313,11 @@ def analytic_profile(
                 id=d.id,
                 node=d.node,
                 type=d.type,
-                capacity_bytes=int(d.memory_bytes * USABLE_MEMORY_FRACTION),
+                capacity_bytes=usable_capacity_bytes(
+                    d.memory_bytes,
+                    simulated=simulated,
+                    memory_scale=cluster.simulation.memory_scale,
+                ),
                 static_bytes=model.model_state_bytes,
                 per_sample_bytes=model.activation_bytes_per_sample,
                 fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S * model.num_layers

@@ -4,7 +4,8 @@ One abstraction, two kinds (DESIGN.md, "Simulated devices"):
 
 - :class:`CudaDevice`, a real GPU: time from CUDA events around forward and
   backward, memory from the caching allocator's peak, the usable budget
-  ``total × USABLE_MEMORY_FRACTION`` (CUDA context and fragmentation).
+  what the driver reports free less NCCL's reserve and a fragmentation
+  margin (:func:`scheduler.capacity.gpu_budget_bytes`).
 - :class:`SimulatedDevice`, a GPU emulated on the CPU: the real forward and
   backward run, then the device sleeps out the rest of its *target* time
   ``K · (speed_max / speed_i) · t_host(m)``, where ``t_host(m) = fixed +
@@ -30,9 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scheduler.catalogue import GIB
+from scheduler.capacity import gpu_budget_bytes, simulated_budget_bytes
 from scheduler.cluster import Cluster, Device
-from scheduler.profile import USABLE_MEMORY_FRACTION
 from workers.errors import DeviceOutOfMemory
 
 POLL_S = 0.001
@@ -91,7 +91,7 @@ def speed_ratio(cluster: Cluster, device: Device) -> float:
 
 
 def simulated_capacity_bytes(cluster: Cluster, device: Device) -> int:
-    return int(device.memory_gb * GIB * cluster.simulation.memory_scale)
+    return simulated_budget_bytes(device.memory_bytes, cluster.simulation.memory_scale)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -207,8 +207,8 @@ class CudaDevice(TorchDevice):
     def __init__(self, *, device_id: str, index: int = 0) -> None:
         self.id = device_id
         self.torch_device = torch.device("cuda", index)
-        total = torch.cuda.get_device_properties(self.torch_device).total_memory
-        self.capacity_bytes = int(total * USABLE_MEMORY_FRACTION)
+        free_bytes, _total = torch.cuda.mem_get_info(self.torch_device)
+        self.capacity_bytes = gpu_budget_bytes(free_bytes)
 
     def run_micro_batch(
         self,

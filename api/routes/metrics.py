@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from api.deps import StateDep
+from scheduler.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])
 
@@ -67,7 +68,6 @@ def metrics(state: StateDep) -> PlainTextResponse:
             ratio = min(1.0, busy_s / job.step_s) if job.step_s else 0.0
             device_live[device_id] = (job.job_id, ratio, peak)
     if cluster is not None:
-        scale = cluster.simulation.memory_scale if state.handle.simulated else 1.0
         labels = [{"device": d.id, "node": d.node, "type": d.type} for d in cluster.devices]
         out.family(
             "hetsched_device_busy_ratio",
@@ -86,7 +86,16 @@ def metrics(state: StateDep) -> PlainTextResponse:
             "gauge",
             "Memory the device offers (scaled for simulated devices).",
             [
-                (lab, float(int(d.memory_bytes * scale)))
+                (
+                    lab,
+                    float(
+                        usable_capacity_bytes(
+                            d.memory_bytes,
+                            simulated=state.handle.simulated,
+                            memory_scale=cluster.simulation.memory_scale,
+                        )
+                    ),
+                )
                 for lab, d in zip(labels, cluster.devices, strict=True)
             ],
         )

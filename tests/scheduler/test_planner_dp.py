@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler.capacity import catalogue_budget_bytes
+from scheduler.catalogue import lookup
 from scheduler.cluster import Links, parse_cluster
 from scheduler.costmodel import ring_allreduce_s, slowest_link_gbps
 from scheduler.errors import PlanError
@@ -30,6 +32,7 @@ from scheduler.planner import (
     proportional_split,
 )
 from scheduler.profile import DeviceProfile, Profile, analytic_profile
+from scheduler.units import format_bytes
 
 ALL_STRATEGIES = ("dp", "even", "proportional")
 
@@ -241,7 +244,8 @@ def test_excluded_devices_carry_reasons_with_numbers() -> None:
         r"model states \d+\.\d GB( \+ one sample \d+\.\d [GM]B)? exceed capacity \d+\.\d GB",
         excluded.reason,
     ), excluded.reason
-    assert "24.9 GB" in excluded.reason and "15.5 GB" in excluded.reason
+    capacity = format_bytes(catalogue_budget_bytes(lookup("T4-16GB").memory_bytes))
+    assert "24.9 GB" in excluded.reason and f"capacity {capacity}" in excluded.reason
 
 
 def test_one_sample_too_many_is_a_different_reason() -> None:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from scheduler.capacity import catalogue_budget_bytes
 from scheduler.catalogue import GIB, lookup
 from scheduler.cluster import parse_cluster
 from scheduler.errors import ProfileError
 from scheduler.models import get_preset
 from scheduler.profile import (
-    USABLE_MEMORY_FRACTION,
     analytic_profile,
     load_profile,
     profile_from_dict,
@@ -74,8 +74,8 @@ def test_analytic_profile_follows_catalogue_and_model() -> None:
     assert profile.links.inter_node_gbps == 25
     assert a100.per_sample_s == pytest.approx(model.flops_per_sample / (312e12 * 0.5))
     assert t4.per_sample_s / a100.per_sample_s == pytest.approx(312 / 65)
-    assert a100.capacity_bytes == int(80 * GIB * USABLE_MEMORY_FRACTION)
-    assert v100.capacity_bytes == int(12 * GIB * USABLE_MEMORY_FRACTION), "memory_gb override"
+    assert a100.capacity_bytes == catalogue_budget_bytes(80 * GIB)
+    assert v100.capacity_bytes == catalogue_budget_bytes(12 * GIB), "memory_gb override"
     assert a100.static_bytes == model.model_state_bytes
     assert a100.per_sample_bytes == model.activation_bytes_per_sample
     # Fixed time: the weights read three times at memory bandwidth, plus launches.
