@@ -84,15 +84,20 @@ class DeviceProfile:
     per_sample_s: float
     """Forward + backward time per sample."""
     layers: LayerProfile | None = None
+    micro_batch_limit: int | None = None
+    """The largest micro-batch the profiler ran and saw fit (a hard cap on top of
+    the memory model, which a real allocator may not follow exactly); None for
+    analytic profiles."""
 
     def max_micro_batch(self) -> int:
         """Largest micro-batch that fits; 0 when the model states alone do not."""
         free = self.capacity_bytes - self.static_bytes
         if free < self.per_sample_bytes:
             return 0
-        if self.per_sample_bytes == 0:
-            return 2**31
-        return free // self.per_sample_bytes
+        by_memory = 2**31 if self.per_sample_bytes == 0 else free // self.per_sample_bytes
+        if self.micro_batch_limit is not None:
+            return min(by_memory, self.micro_batch_limit)
+        return by_memory
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -105,6 +110,8 @@ class DeviceProfile:
             "fixed_s": self.fixed_s,
             "per_sample_s": self.per_sample_s,
         }
+        if self.micro_batch_limit is not None:
+            out["micro_batch_limit"] = self.micro_batch_limit
         if self.layers is not None:
             out["layers"] = self.layers.to_dict()
         return out
@@ -213,6 +220,9 @@ def profile_from_dict(data: Any) -> Profile:
                 per_sample_s=float(_num(where, raw, "per_sample_s", positive=True)),
                 layers=_layer_profile(f"{where}.layers", raw["layers"])
                 if raw.get("layers")
+                else None,
+                micro_batch_limit=int(_num(where, raw, "micro_batch_limit", integer=True))
+                if raw.get("micro_batch_limit") is not None
                 else None,
             )
         )
