@@ -47,6 +47,23 @@ def micro_batch_sizes(samples: int, accum_steps: int) -> list[int]:
     return [samples // k + (1 if i < samples % k else 0) for i in range(k)]
 
 
+def micro_batches(
+    x: torch.Tensor, y: torch.Tensor, sizes: list[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Inputs and targets of each micro-batch as tensors of their own.
+
+    Copies, not views: autograd saves the token ids, and a simulated device
+    counts each saved storage whole, so a view would count the whole device
+    batch (or inputs and targets as one shared storage) rather than this
+    micro-batch. The profiler slices the same way, so both count alike.
+    """
+    out, start = [], 0
+    for size in sizes:
+        out.append((x[start : start + size].clone(), y[start : start + size].clone()))
+        start += size
+    return out
+
+
 class Engine(ABC):
     """One rank's model, optimizer and data for one run."""
 
@@ -141,12 +158,8 @@ class DataParallelEngine(Engine):
             return True
 
         device.start_step()
-        start = 0
-        for i, size in enumerate(self.sizes):
-            # Copies, not views: autograd saves the token ids, and a view would make the
-            # memory count include the whole device batch's storage, not this micro-batch's.
-            xi, yi = x[start : start + size].clone(), y[start : start + size].clone()
-            start += size
+        for i, (xi, yi) in enumerate(micro_batches(x, y, self.sizes)):
+            size = len(xi)
 
             def forward(xi: torch.Tensor = xi, yi: torch.Tensor = yi) -> torch.Tensor:
                 with device.autocast():

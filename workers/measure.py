@@ -37,6 +37,7 @@ from scheduler.models import ModelPreset
 from workers.calibration import fit_line
 from workers.data import ByteDataset
 from workers.devices import SimulatedDevice, TorchDevice, model_state_bytes
+from workers.engine import micro_batches
 from workers.errors import DeviceOutOfMemory
 from workers.model import GPT, lm_loss_sum
 
@@ -44,7 +45,7 @@ TIMING_SIZES = (1, 2, 4, 8, 16)
 TIMING_REPEATS = 3
 MAX_RETRY_FACTOR = 3
 MEMORY_SIZES = (1, 2, 4)
-HOST_CHECK_BYTES = 2 * 2**30
+HOST_CHECK_BYTES = 512 * 2**20
 """Host memory a simulated device's fit check may use for activations."""
 MAX_CHECKED_MICRO_BATCH = 1024
 """The largest micro-batch a real GPU's fit check tries; plans use fewer per device."""
@@ -71,7 +72,9 @@ class Measurement:
 
     def _loss_fn(self, model: GPT, m: int, step: int) -> Callable[[], torch.Tensor]:
         x, y = self.data.device_batch(seed=0, step=step, global_batch=m, offset=0, samples=m)
-        x, y = x.to(self.device.torch_device), y.to(self.device.torch_device)
+        ((x, y),) = micro_batches(
+            x.to(self.device.torch_device), y.to(self.device.torch_device), [m]
+        )
         scale = 1.0 / (m * self.preset.seq_len)
 
         def loss() -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from workers.devices import SimulatedDevice, TorchDevice
 from workers.distributed import new_group
-from workers.engine import Engine
+from workers.engine import Engine, micro_batches
 from workers.model import lm_loss_sum
 from workers.records import RankStep
 from workers.spec import RankSpec, RunSpec
@@ -92,10 +92,9 @@ class PipelineEngine(Engine):
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         m = len(self.sizes)
-        starts = [sum(self.sizes[:i]) for i in range(m)]
-        x = y = None
-        if role.is_first or role.is_last:
-            x, y = self.batch(step)
+        pairs = (
+            micro_batches(*self.batch(step), self.sizes) if role.is_first or role.is_last else []
+        )
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         saved: dict[int, int] = {}
@@ -104,10 +103,7 @@ class PipelineEngine(Engine):
         device.start_step()
 
         def first_input(i: int) -> torch.Tensor:
-            assert x is not None
-            return x[
-                starts[i] : starts[i] + self.sizes[i]
-            ].clone()  # a copy: see DataParallelEngine
+            return pairs[i][0]
 
         def forward(i: int, inp: torch.Tensor) -> torch.Tensor | None:
             """Compute micro-batch ``i``; returns what goes to the next stage."""
@@ -117,8 +113,7 @@ class PipelineEngine(Engine):
                 with device.autocast():
                     out = model(inp)
                     if role.is_last:
-                        assert y is not None
-                        loss = lm_loss_sum(out, y[starts[i] : starts[i] + size].clone())
+                        loss = lm_loss_sum(out, pairs[i][1])
                         loss_part[0] += float(loss.detach())
                         out = loss * self.loss_scale
                 return out
