@@ -93,8 +93,11 @@ class WorkerPool:
         self.discard(ids)
 
     def _spawn(self, device_id: str) -> Any:
-        options = actor_options(self.cluster.device(device_id), simulated=self.simulated)
-        return self._remote.options(**options).remote(device_id, simulated=self.simulated)
+        device = self.cluster.device(device_id)
+        options = actor_options(device, simulated=self.simulated)
+        return self._remote.options(**options).remote(
+            device_id, simulated=self.simulated, gpu_index=None if self.simulated else device.index
+        )
 
     def _drop_dead(self, device_ids: list[str]) -> None:
         refs = {self._actors[d].pid.remote(): d for d in device_ids}

@@ -11,10 +11,11 @@ reported; on real GPUs the workers form one NCCL group and time an
 all-reduce of the gradient buffer (bus bandwidth, Patarasuk & Yuan 2009).
 
 Each device's figures are cached on disk under a key covering everything that
-changes them: device type and capacity (for real GPUs, the name and memory
-the worker found on its node), model shape and, for simulated devices, the
-pacing (margin ``K``, speed ratio, host calibration). Devices with the same
-key are measured once; a second run is instant unless ``refresh``.
+changes them: device type, memory (for real GPUs, what the node's driver
+reports: :func:`workers.session.connect_ray`), simulated capacity, model
+shape and, for simulated devices, the pacing (margin ``K``, speed ratio,
+host calibration). Devices with the same key are measured once; a second
+run is instant unless ``refresh``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ PROFILE_VERSION = 3
 def cache_key(
     *,
     device_type: str,
+    memory_bytes: int,
     capacity_bytes: int,
     preset: ModelPreset,
     simulated: bool,
@@ -58,6 +60,7 @@ def cache_key(
     parts: dict[str, Any] = {
         "version": PROFILE_VERSION,
         "type": device_type,
+        "memory_bytes": memory_bytes,
         "capacity_bytes": capacity_bytes,
         "model": asdict(preset),
         "simulated": simulated,
@@ -140,6 +143,7 @@ def profile_devices(
         capacity, pacing = pacing_of(d.id)
         key = cache_key(
             device_type=d.type,
+            memory_bytes=d.memory_bytes,
             capacity_bytes=capacity,
             preset=preset,
             simulated=simulated,

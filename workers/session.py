@@ -19,14 +19,18 @@ Simulated devices are paced against a host calibration cached under
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from scheduler.catalogue import CATALOGUE, lookup
+from scheduler.catalogue import lookup
 from scheduler.cluster import Cluster, Device, Links
+from scheduler.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
 from scheduler.models import ModelPreset
 from scheduler.plan import Plan
 from scheduler.profile import Profile
@@ -61,9 +65,12 @@ DEFAULT_OPTIMIZER = OptimizerConfig()
 def connect_ray(address: str) -> Cluster:
     """Attach to an existing Ray cluster and describe its GPUs as a Cluster.
 
-    Each live node with GPUs becomes a node named by its IP address; the GPU
-    type comes from Ray's ``accelerator_type:NAME`` resource matched to the
-    catalogue (the largest-memory entry of that model name).
+    Each live node with GPUs becomes a node named by its IP address. Ray
+    reports one accelerator type per node and only its model, so each node's
+    driver is asked for every GPU's own name and memory (:func:`probe_gpus`),
+    mapped to the catalogue by :func:`scheduler.gpu_names.catalogue_key`;
+    device ``NODE/INDEX`` is the GPU of that physical index, which its worker
+    is pinned to.
     """
     if not ray.is_initialized():
         try:
@@ -72,25 +79,19 @@ def connect_ray(address: str) -> Cluster:
             raise WorkerError(f"ray-address: cannot connect to {address}: {exc}") from exc
     devices: list[Device] = []
     for info in sorted(ray.nodes(), key=lambda n: str(n.get("NodeManagerAddress"))):
-        resources = info.get("Resources", {})
-        num_gpus = int(resources.get("GPU", 0))
-        if not info.get("Alive") or num_gpus == 0:
+        if not info.get("Alive") or int(info.get("Resources", {}).get("GPU", 0)) == 0:
             continue
-        accel = next(
-            (k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), ""
-        )
-        gpu_key = _catalogue_key(accel)
-        gpu = lookup(gpu_key)
         node = str(info["NodeManagerAddress"])
-        for index in range(num_gpus):
+        for gpu in probe_gpus(str(info["NodeID"])):
+            spec = lookup(catalogue_key(gpu.name, gpu.memory_mib))
             devices.append(
                 Device(
-                    id=f"{node}/{index}",
+                    id=f"{node}/{gpu.index}",
                     node=node,
-                    index=index,
-                    type=gpu.key,
-                    memory_gb=gpu.memory_gb,
-                    peak_tflops=gpu.peak_tflops,
+                    index=gpu.index,
+                    type=spec.key,
+                    memory_gb=gpu.memory_mib / 1024,
+                    peak_tflops=spec.peak_tflops,
                 )
             )
     if not devices:
@@ -98,17 +99,28 @@ def connect_ray(address: str) -> Cluster:
     return Cluster(name=f"ray-{address}", devices=tuple(devices), links=Links())
 
 
-def _catalogue_key(accelerator: str) -> str:
-    name = accelerator.upper().replace("NVIDIA", "").replace("-", "").replace(" ", "")
-    matches = [g for key, g in CATALOGUE.items() if key.split("-")[0].replace(" ", "") == name]
-    if not matches:
-        matches = [g for key, g in CATALOGUE.items() if name and name in key.replace("-", "")]
-    if not matches:
-        raise WorkerError(
-            f"ray: GPU type {accelerator or 'unknown'!r} is not in the catalogue; "
-            f"known: {', '.join(CATALOGUE)}"
-        )
-    return max(matches, key=lambda g: g.memory_gb).key
+def _nvidia_smi() -> str:
+    result = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise WorkerError(f"nvidia-smi failed: {result.stderr.strip()[:200]}")
+    return result.stdout
+
+
+def probe_gpus(node_id: str) -> list[ProbedGpu]:
+    """Every GPU of one Ray node as its driver reports it (a task that needs no GPU of its own)."""
+    task = ray.remote(num_cpus=0)(_nvidia_smi).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    )
+    try:
+        return parse_nvidia_smi(ray.get(task.remote(), timeout=120))
+    except (RayTaskError, GetTimeoutError) as exc:
+        raise WorkerError(f"ray: cannot list the GPUs of node {node_id}: {exc}") from exc
 
 
 def profile_cluster(

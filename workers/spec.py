@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scheduler.models import ModelPreset
-from scheduler.plan import DP_STRATEGIES, Plan
+from scheduler.plan import DP_STRATEGIES, DevicePlan, Plan
 from workers.errors import WorkerError
 from workers.layer_profile import host_layers, stage_host
 from workers.pacing import Pacing, PacingOf
@@ -103,62 +103,54 @@ def make_ranks(
     """The rank specs of ``plan``'s active devices (data-parallel or pipeline alike)."""
     if not plan.active:
         raise WorkerError("plan: no device has any samples")
-    if not needs_pipeline(plan):
-        ranks = []
-        for rank, d in enumerate(plan.active):
-            capacity, pacing = pacing_of(d.id)
-            ranks.append(
-                RankSpec(
-                    device_id=d.id,
-                    rank=rank,
-                    world_size=len(plan.active),
-                    offset=d.offset,
-                    samples=d.samples,
-                    micro_batch=d.micro_batch,
-                    accum_steps=d.accum_steps,
-                    capacity_bytes=capacity,
-                    pacing=pacing,
-                )
-            )
-        return ranks
-    stages = ordered_stages(plan)
-    groups = tuple(sync_groups(stages))
-    num_stages: dict[int, int] = {}
-    for d in stages:
-        num_stages[d.pipeline or 0] = max(num_stages.get(d.pipeline or 0, 0), (d.stage or 0) + 1)
+    roles = _stage_roles(plan) if needs_pipeline(plan) else [(d, None) for d in plan.active]
     pieces = None
     ranks = []
-    for rank, d in enumerate(stages):
-        assert d.layers is not None
-        p, s = num_stages[d.pipeline or 0], d.stage or 0
+    for rank, (d, role) in enumerate(roles):
         capacity, pacing = pacing_of(d.id)
-        if pacing is not None:  # paced by the host time of the stage's own pieces
+        if pacing is not None and role is not None:  # paced by its own pieces' host time
             if pieces is None:
                 pieces = host_layers(preset, pacing.host, cache_dir=cache_dir)
             host = stage_host(
-                pieces, num_blocks=d.layers[1] - d.layers[0], embed=s == 0, head=s == p - 1
+                pieces, num_blocks=role.last - role.first, embed=role.is_first, head=role.is_last
             )
             pacing = replace(pacing, host=host)
         ranks.append(
             RankSpec(
                 device_id=d.id,
                 rank=rank,
-                world_size=len(stages),
+                world_size=len(roles),
                 offset=d.offset,
                 samples=d.samples,
                 micro_batch=d.micro_batch,
                 accum_steps=d.accum_steps,
                 capacity_bytes=capacity,
                 pacing=pacing,
-                stage=StageRole(
-                    first=d.layers[0],
-                    last=d.layers[1],
-                    stage=s,
-                    num_stages=p,
-                    prev_rank=rank - 1 if s > 0 else None,
-                    next_rank=rank + 1 if s < p - 1 else None,
-                    groups=groups,
-                ),
+                stage=role,
             )
         )
     return ranks
+
+
+def _stage_roles(plan: Plan) -> list[tuple[DevicePlan, StageRole]]:
+    """Each active device of a pipeline plan in rank order, with its stage role."""
+    stages = ordered_stages(plan)
+    groups = tuple(sync_groups(stages))
+    num_stages: dict[int, int] = {}
+    for d in stages:
+        num_stages[d.pipeline or 0] = max(num_stages.get(d.pipeline or 0, 0), (d.stage or 0) + 1)
+    roles = []
+    for rank, d in enumerate(stages):
+        assert d.layers is not None
+        p, s = num_stages[d.pipeline or 0], d.stage or 0
+        role = StageRole(
+            first=d.layers[0],
+            last=d.layers[1],
+            stage=s,
+            num_stages=p,
+            prev_rank=rank - 1 if s > 0 else None,
+            next_rank=rank + 1 if s < p - 1 else None,
+            groups=groups,
+        )
+        roles.append((d, role))
+    return roles

@@ -51,8 +51,12 @@ def make_device(
 class DeviceWorker:
     """One device's warm worker (module docstring)."""
 
-    def __init__(self, device_id: str, *, simulated: bool) -> None:
+    def __init__(self, device_id: str, *, simulated: bool, gpu_index: int | None = None) -> None:
         torch.set_num_threads(1)
+        if not simulated and gpu_index is not None:
+            # Ray hands the actor some free GPU of its node; device NODE/INDEX is the GPU of
+            # that physical index. Set before CUDA starts in this process, so cuda:0 is it.
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_index)
         self.device_id = device_id
         self.simulated = simulated
         self.engine: Engine | None = None
