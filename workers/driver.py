@@ -17,14 +17,37 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scheduler.plan import Plan
 from workers.actors import gather
+from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.errors import WorkerError
 from workers.pool import WorkerPool
 from workers.records import RankStep, StepMetrics, TrainResult, median_devices
 from workers.spec import RankSpec, RunSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checkpointing:
+    """When and where a run writes checkpoints (:mod:`workers.checkpoint`)."""
+
+    root: str
+    """The job's storage location: a directory or an fsspec URI every node can reach."""
+    every_steps: int | None = 50
+    """Write after every this many steps (None: not by steps)."""
+    every_s: float | None = None
+    """Write when this many seconds passed since the last one (None: not by time)."""
+    keep_last: int = 2
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """What the caller adds to every manifest (the job spec, ...)."""
+
+    def due(self, step: int, since_s: float) -> bool:
+        by_steps = self.every_steps is not None and (step + 1) % self.every_steps == 0
+        by_time = self.every_s is not None and since_s >= self.every_s
+        return by_steps or by_time
+
 
 SETUP_TIMEOUT_S = 180.0
 """Process-group formation and model build, generous for a loaded host."""
@@ -109,6 +132,54 @@ def whole_model_state(
     return {"model": merged, "optimizer": None}
 
 
+def writer_ranks(ranks: Sequence[RankSpec]) -> list[int]:
+    """Ranks that write a checkpoint part: rank 0, or every stage of pipeline 0."""
+    return [
+        i
+        for i, r in enumerate(ranks)
+        if r.rank == 0 or (r.stage is not None and r.rank < r.stage.num_stages)
+    ]
+
+
+def save_checkpoint(
+    actors: Sequence[Any],
+    ids: Sequence[str],
+    *,
+    ranks: Sequence[RankSpec],
+    run_spec: RunSpec,
+    plan: Plan,
+    policy: Checkpointing,
+    step: int,
+) -> CheckpointInfo:
+    """Every writing rank writes its part in parallel; then the manifest makes it count."""
+    store = CheckpointStore(policy.root)
+    writers = writer_ranks(ranks)
+    parts = [f"part-{i:04d}.safetensors" for i in writers]
+    out = gather(
+        [
+            actors[i].save_checkpoint.remote(store.step_uri(step), part)
+            for i, part in zip(writers, parts, strict=True)
+        ],
+        [ids[i] for i in writers],
+        timeout_s=SETUP_TIMEOUT_S,
+        what=f"checkpoint of step {step}",
+    )
+    info = store.commit(
+        step,
+        {part: names for part, (names, _) in zip(parts, out, strict=True)},
+        {
+            "optimizer_steps": out[0][1],
+            "model": asdict(run_spec.preset),
+            "seed": run_spec.seed,
+            "global_batch": run_spec.global_batch,
+            "plan": plan.to_dict(),
+            **policy.manifest,
+        },
+    )
+    store.prune(policy.keep_last)
+    return info
+
+
 def run(
     pool: WorkerPool,
     *,
@@ -117,23 +188,50 @@ def run(
     plan: Plan,
     steps: int,
     start_step: int = 0,
-    initial_state: dict[str, Any] | None = None,
+    restore: CheckpointInfo | None = None,
+    checkpointing: Checkpointing | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     keep_state: bool = False,
 ) -> TrainResult:
-    """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring)."""
+    """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring).
+
+    ``restore``: a checkpoint (of any plan) every rank loads its slice from first.
+    ``checkpointing``: write checkpoints as it says, and after the last step or a stop.
+    """
     ids = [r.device_id for r in ranks]
     actors = pool.acquire(ids)
     done = False
+    saved: list[int] = []
+    last_save = [time.monotonic()]
+
+    def checkpoint(step: int) -> None:
+        assert checkpointing is not None
+        info = save_checkpoint(
+            actors, ids, ranks=ranks, run_spec=run_spec, plan=plan, policy=checkpointing, step=step
+        )
+        saved.append(step)
+        last_save[0] = time.monotonic()
+        if on_checkpoint is not None:
+            on_checkpoint(info)
+
+    def after_step(metrics: StepMetrics) -> None:
+        if on_step is not None:
+            on_step(metrics)
+        if checkpointing is not None and checkpointing.due(
+            metrics.step, time.monotonic() - last_save[0]
+        ):
+            checkpoint(metrics.step)
+
     try:
         form_group(actors, ids, run_spec, ranks)
-        if initial_state is not None:
+        if restore is not None:
             gather(
-                [a.load_state_dict.remote(initial_state) for a in actors],
+                [a.load_checkpoint.remote(restore.uri, restore.manifest) for a in actors],
                 ids,
                 timeout_s=SETUP_TIMEOUT_S,
-                what="state restore",
+                what=f"restore of step {restore.step}",
             )
         history, stopped = run_steps(
             actors,
@@ -141,9 +239,11 @@ def run(
             plan=plan,
             steps=steps,
             start_step=start_step,
-            on_step=on_step,
+            on_step=after_step,
             should_stop=should_stop,
         )
+        if checkpointing is not None and history and history[-1].step not in saved:
+            checkpoint(history[-1].step)  # at the end, or where a stop ended the run
         state = None
         if keep_state and history:
             state = whole_model_state(actors, ids, ranks)

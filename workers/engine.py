@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers.checkpoint import load_part, part_tensors, write_part
 from workers.data import ByteDataset
 from workers.devices import TorchDevice
 from workers.model import GPT, lm_loss_sum
@@ -116,6 +117,15 @@ class Engine(ABC):
                 id=self.rank.device_id, busy_s=busy_s, wait_s=wait_s, peak_bytes=peak_bytes
             ),
         )
+
+    def save_part(self, uri: str, part: str) -> list[str]:
+        """Write this rank's model and optimizer slice into checkpoint ``uri``."""
+        return write_part(uri, part, part_tensors(self.model, self.optimizer))
+
+    def load_checkpoint(self, uri: str, manifest: dict[str, Any]) -> None:
+        """Load this rank's slice from a checkpoint written by any plan."""
+        load_part(uri, manifest, self.model, self.optimizer)
+        self.step_done = int(manifest["step"])
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """This rank's parameters on the CPU, under their whole-model names."""

@@ -23,6 +23,7 @@ import ray
 
 from scheduler.cluster import Cluster
 from workers.actors import actor_options, gather
+from workers.errors import WorkerError
 from workers.worker import DeviceWorker
 
 PING_TIMEOUT_S = 10.0
@@ -38,11 +39,17 @@ class WorkerPool:
         self.cluster = cluster
         self.simulated = simulated
         self._actors: dict[str, Any] = {}
+        self._lost: set[str] = set()
+        self._node_of: dict[str, str] = {}
+        """Device id -> the Ray node its worker runs on (to tell a lost node)."""
         self._lock = threading.Lock()
         self._remote = ray.remote(DeviceWorker)
 
     def acquire(self, device_ids: Sequence[str]) -> list[Any]:
         """Live actors for ``device_ids``, in order; dead or missing ones are started."""
+        gone = sorted(set(device_ids) & self.lost())
+        if gone:
+            raise WorkerError(f"{', '.join(gone)}: device lost (its node is gone or it was failed)")
         with self._lock:
             known = [d for d in device_ids if d in self._actors]
             if known:
@@ -60,6 +67,22 @@ class WorkerPool:
     def warm(self, device_ids: Sequence[str] | None = None) -> None:
         """Start the actors of ``device_ids`` (all devices) now, ahead of the first job."""
         self.acquire(list(device_ids) if device_ids is not None else self.cluster.ids)
+
+    def lost(self) -> set[str]:
+        """Devices that cannot be used: marked lost, or on a Ray node that is not alive."""
+        alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+        with self._lock:
+            return set(self._lost) | {d for d, n in self._node_of.items() if n not in alive}
+
+    def mark_lost(self, device_ids: Sequence[str], lost: bool = True) -> None:
+        """Take devices out of service (a simulated fault), or bring them back."""
+        with self._lock:
+            if lost:
+                self._lost.update(device_ids)
+            else:
+                self._lost.difference_update(device_ids)
+        if lost:
+            self.discard(device_ids)
 
     def discard(self, device_ids: Sequence[str]) -> None:
         """Kill these actors (after a failed run); the next acquire starts new ones."""

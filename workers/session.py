@@ -37,15 +37,22 @@ from scheduler.profile import Profile
 from workers import driver
 from workers.actors import start_local_ray
 from workers.calibration import default_cache_dir
+from workers.checkpoint import CheckpointInfo, CheckpointStore
+from workers.driver import Checkpointing
 from workers.errors import WorkerError
+from workers.job import Recovery, train_job
 from workers.model import check_trainable
 from workers.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.pool import WorkerPool
 from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
-from workers.spec import RunSpec, make_ranks
+from workers.spec import RankSpec, RunSpec, make_ranks
 
 __all__ = [
+    "CheckpointInfo",
+    "CheckpointStore",
+    "Checkpointing",
+    "Recovery",
     "DeviceStep",
     "OptimizerConfig",
     "StepMetrics",
@@ -168,6 +175,12 @@ def train(
     dtype: str = "float32",
     keep_state: bool = False,
     pool: WorkerPool | None = None,
+    checkpointing: Checkpointing | None = None,
+    restore: CheckpointInfo | None = None,
+    max_failures: int = 0,
+    replan: Callable[[set[str]], Plan] | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    on_recovery: Callable[[Recovery], None] | None = None,
 ) -> TrainResult:
     """Train ``plan`` for ``steps`` steps and return the losses and timings.
 
@@ -180,6 +193,12 @@ def train(
     runs that check exactness against a reference; ``keep_state=True``
     returns the final whole-model state (and rank 0's optimizer state for
     data-parallel plans).
+
+    Durable runs (:mod:`workers.job`): ``checkpointing`` writes plan-independent
+    checkpoints, ``restore`` starts from one (of any plan) at the step after
+    it, and with ``max_failures > 0`` a failed device is recovered from the
+    last checkpoint on the plan ``replan(lost devices)`` returns (by default
+    the same plan: a crashed worker is replaced, a lost device is not).
     """
     check_trainable(model)
     if steps < 0:
@@ -201,19 +220,41 @@ def train(
         simulated=simulated,
         dtype=dtype,
     )
-    ranks = make_ranks(plan, preset=model, pacing_of=pacing_of, cache_dir=cache_dir)
+
+    def ranks_of(plan: Plan) -> list[RankSpec]:
+        return make_ranks(plan, preset=model, pacing_of=pacing_of, cache_dir=cache_dir)
+
     own_pool = pool is None
     pool = pool or WorkerPool(cluster, simulated=simulated)
     try:
-        return driver.run(
+        if checkpointing is None:
+            return driver.run(
+                pool,
+                run_spec=run_spec,
+                ranks=ranks_of(plan),
+                plan=plan,
+                steps=steps,
+                restore=restore,
+                on_step=on_step,
+                should_stop=should_stop,
+                keep_state=keep_state,
+            )
+        return train_job(
             pool,
             run_spec=run_spec,
-            ranks=ranks,
             plan=plan,
             steps=steps,
+            ranks_of=lambda p: make_ranks(
+                p, preset=model, pacing_of=pacing_of, cache_dir=cache_dir
+            ),
+            replan=replan or (lambda lost: plan),
+            checkpointing=checkpointing,
+            max_failures=max_failures,
+            restore=restore,
             on_step=on_step,
+            on_checkpoint=on_checkpoint,
+            on_recovery=on_recovery,
             should_stop=should_stop,
-            keep_state=keep_state,
         )
     finally:
         if own_pool:

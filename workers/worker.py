@@ -22,10 +22,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
 from scheduler.models import ModelPreset
+from workers.checkpoint import optimizer_steps
 from workers.devices import CudaDevice, SimulatedDevice, TorchDevice
 from workers.distributed import free_port, join_group, leave_group
 from workers.engine import DataParallelEngine, Engine
@@ -63,6 +65,10 @@ class DeviceWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        return str(ray.get_runtime_context().get_node_id())
 
     def rendezvous(self) -> tuple[str, int]:
         return free_port()
@@ -102,6 +108,14 @@ class DeviceWorker:
                 device.capacity_bytes,
             ) from exc
 
+    def save_checkpoint(self, uri: str, part: str) -> tuple[list[str], int]:
+        """Write this rank's part of a checkpoint; the names it holds and AdamW's step count."""
+        engine = self._engine()
+        return engine.save_part(uri, part), optimizer_steps(engine.optimizer)
+
+    def load_checkpoint(self, uri: str, manifest: dict[str, Any]) -> None:
+        self._engine().load_checkpoint(uri, manifest)
+
     def model_state(self) -> dict[str, torch.Tensor]:
         return self._engine().model_state()
 
@@ -113,13 +127,6 @@ class DeviceWorker:
             "model": engine.model_state(),
             "optimizer": engine.optimizer.state_dict(),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        engine = self._engine()
-        engine.model.load_state_dict(state["model"])
-        if state.get("optimizer") is not None:
-            engine.optimizer.load_state_dict(state["optimizer"])
-        engine.step_done = int(state.get("step", -1))
 
     # --- profiling -------------------------------------------------------------
 
