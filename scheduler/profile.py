@@ -3,10 +3,18 @@
 A profile (DESIGN.md, "Profile") is the planner's only input about hardware.
 It comes either from measurement (``workers/`` profiler) or, to plan for
 clusters one does not have, from the GPU catalogue and a model preset
-(:func:`analytic_profile`): per-sample time is the model's FLOPs over the
-device's peak times an efficiency factor (MFU), and the fixed time per
-micro-batch is the weights read three times (forward, two backward GEMMs)
-at memory bandwidth plus a launch overhead per layer.
+(:func:`analytic_profile`): every piece of the model (embedding, block,
+head) as a roofline on the device's sustained FLOP/s and memory bandwidth
+(:mod:`scheduler.roofline`), and its saved activations for the attention
+kernel the model runs (:mod:`scheduler.activations`).
+
+**Recomputation.** A device (and a per-layer block) may carry figures for
+``selective`` and ``full`` activation recomputation besides its plain ones
+(``"recompute": {"full": {"per_sample_bytes": …, "per_sample_s": …}}``): less
+memory per sample, more time. The profiler may measure them; where a
+document lacks them and its model is a known preset, they are derived from
+the plain figures by the analytic ratios of that model (bytes and time under
+the mode over bytes and time without), so measured figures stay the base.
 """
 
 from __future__ import annotations
@@ -17,14 +25,87 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.activations import RECOMPUTE_MODES, Recompute, Stored
 from scheduler.capacity import usable_capacity_bytes
+from scheduler.catalogue import DEFAULT_FLOPS_SHARE, lookup
 from scheduler.cluster import Cluster, Links
 from scheduler.errors import ProfileError
-from scheduler.models import ModelPreset
+from scheduler.models import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
+from scheduler.roofline import PieceTime, Rates, block_time, embed_time, head_time
 
-DEFAULT_EFFICIENCY = 0.4
-"""Model FLOP utilisation assumed by analytic profiles; 30–50 % is typical."""
-LAUNCH_OVERHEAD_PER_LAYER_S = 50e-6
+DEFAULT_EFFICIENCY = DEFAULT_FLOPS_SHARE
+"""Share of peak FLOP/s ``--efficiency`` suggests; by default each GPU's own share applies."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecomputeCost:
+    """Figures under one recomputation mode, replacing the plain ones."""
+
+    per_sample_bytes: int
+    """Activations kept per sample (a device: its peak, the recomputed block included)."""
+    per_sample_s: float
+    fixed_s: float | None = None
+    """Per micro-batch, when recomputation changes it (a second weight read)."""
+    transient_bytes_per_sample: int = 0
+    """A block only: held while it is recomputed, once per stage rather than per block."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "per_sample_bytes": self.per_sample_bytes,
+            "per_sample_s": self.per_sample_s,
+        }
+        if self.fixed_s is not None:
+            out["fixed_s"] = self.fixed_s
+        if self.transient_bytes_per_sample:
+            out["transient_bytes_per_sample"] = self.transient_bytes_per_sample
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Option:
+    """One way to run a piece: its recomputation mode and what it costs."""
+
+    recompute: Recompute
+    fixed_s: float
+    per_sample_s: float
+    per_sample_bytes: int
+    transient_bytes_per_sample: int = 0
+
+
+def _options(
+    fixed_s: float,
+    per_sample_s: float,
+    per_sample_bytes: int,
+    selective: RecomputeCost | None,
+    full: RecomputeCost | None,
+) -> tuple[Option, ...]:
+    out = [
+        Option(
+            recompute="none",
+            fixed_s=fixed_s,
+            per_sample_s=per_sample_s,
+            per_sample_bytes=per_sample_bytes,
+        )
+    ]
+    for mode, cost in (("selective", selective), ("full", full)):
+        if cost is not None:
+            out.append(
+                Option(
+                    recompute=mode,  # type: ignore[arg-type]
+                    fixed_s=fixed_s if cost.fixed_s is None else cost.fixed_s,
+                    per_sample_s=cost.per_sample_s,
+                    per_sample_bytes=cost.per_sample_bytes,
+                    transient_bytes_per_sample=cost.transient_bytes_per_sample,
+                )
+            )
+    return tuple(out)
+
+
+def _recompute_dict(
+    selective: RecomputeCost | None, full: RecomputeCost | None
+) -> dict[str, Any] | None:
+    out = {m: c.to_dict() for m, c in (("selective", selective), ("full", full)) if c is not None}
+    return out or None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,14 +118,25 @@ class LayerCost:
     """Parameters, gradients and optimizer state of this piece."""
     per_sample_bytes: int
     """Saved activations per sample."""
+    selective: RecomputeCost | None = None
+    full: RecomputeCost | None = None
+
+    def options(self) -> tuple[Option, ...]:
+        """The plain figures, then those of each recomputation mode it has."""
+        return _options(
+            self.fixed_s, self.per_sample_s, self.per_sample_bytes, self.selective, self.full
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "fixed_s": self.fixed_s,
             "per_sample_s": self.per_sample_s,
             "static_bytes": self.static_bytes,
             "per_sample_bytes": self.per_sample_bytes,
         }
+        if (recompute := _recompute_dict(self.selective, self.full)) is not None:
+            out["recompute"] = recompute
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,15 +176,28 @@ class DeviceProfile:
     per_sample_s: float
     """Forward + backward time per sample."""
     layers: LayerProfile | None = None
+    selective: RecomputeCost | None = None
+    """Figures with selective recomputation (module docstring), when known."""
+    full: RecomputeCost | None = None
+    """Figures with full recomputation, when known."""
 
-    def max_micro_batch(self) -> int:
-        """Largest micro-batch that fits; 0 when the model states alone do not."""
+    def max_micro_batch(self, per_sample_bytes: int | None = None) -> int:
+        """Largest micro-batch that fits; 0 when the model states alone do not.
+
+        ``per_sample_bytes``: that of a recomputation option instead of the plain one."""
+        per_sample = self.per_sample_bytes if per_sample_bytes is None else per_sample_bytes
         free = self.capacity_bytes - self.static_bytes
-        if free < self.per_sample_bytes:
+        if free < per_sample:
             return 0
-        if self.per_sample_bytes == 0:
+        if per_sample == 0:
             return 2**31
-        return free // self.per_sample_bytes
+        return free // per_sample
+
+    def options(self) -> tuple[Option, ...]:
+        """The plain figures, then those of each recomputation mode it has."""
+        return _options(
+            self.fixed_s, self.per_sample_s, self.per_sample_bytes, self.selective, self.full
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -107,6 +212,8 @@ class DeviceProfile:
         }
         if self.layers is not None:
             out["layers"] = self.layers.to_dict()
+        if (recompute := _recompute_dict(self.selective, self.full)) is not None:
+            out["recompute"] = recompute
         return out
 
 
@@ -155,15 +262,99 @@ def _num(
     return value
 
 
+def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
+    """The optional ``recompute`` object: figures per mode."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile: {where} must be an object")
+    out = {}
+    for mode, cost in raw.items():
+        here = f"{where}.{mode}"
+        if mode not in RECOMPUTE_MODES[1:]:
+            raise ProfileError(
+                f"profile: {here}: unknown recomputation mode; allowed: "
+                f"{', '.join(RECOMPUTE_MODES[1:])}"
+            )
+        if not isinstance(cost, dict):
+            raise ProfileError(f"profile: {here} must be an object")
+        out[mode] = RecomputeCost(
+            per_sample_bytes=int(_num(here, cost, "per_sample_bytes", integer=True)),
+            per_sample_s=float(_num(here, cost, "per_sample_s", positive=True)),
+            fixed_s=float(_num(here, cost, "fixed_s")) if "fixed_s" in cost else None,
+            transient_bytes_per_sample=int(
+                _num(here, cost, "transient_bytes_per_sample", integer=True)
+            )
+            if "transient_bytes_per_sample" in cost
+            else 0,
+        )
+    return out
+
+
 def _layer_cost(where: str, raw: Any) -> LayerCost:
     if not isinstance(raw, dict):
         raise ProfileError(f"profile: {where} must be an object")
+    recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
     return LayerCost(
         fixed_s=float(_num(where, raw, "fixed_s")),
         per_sample_s=float(_num(where, raw, "per_sample_s")),
         static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
         per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
+        selective=recompute.get("selective"),
+        full=recompute.get("full"),
     )
+
+
+def _derived(
+    model: ModelPreset,
+    mode: Recompute,
+    *,
+    per_sample_bytes: int,
+    per_sample_s: float,
+    block_only: bool,
+) -> RecomputeCost:
+    """Figures under ``mode`` scaled from measured plain ones by the preset's analytic ratios."""
+    if block_only:
+        plain, under = model.block_stored("none"), model.block_stored(mode)
+        forward = model.block_flops_per_sample / 3
+        bytes_ratio = under.bytes / plain.bytes
+        transient_ratio = under.transient_bytes / plain.bytes
+        time_ratio = 1 + under.extra_forward_flops / (3 * forward)
+    else:
+        bytes_ratio = (
+            model.activation_bytes_per_sample_with(mode) / model.activation_bytes_per_sample
+        )
+        transient_ratio = 0.0
+        time_ratio = model.flops_per_sample_with(mode) / model.flops_per_sample
+    return RecomputeCost(
+        per_sample_bytes=round(per_sample_bytes * bytes_ratio),
+        per_sample_s=per_sample_s * time_ratio,
+        transient_bytes_per_sample=round(per_sample_bytes * transient_ratio),
+    )
+
+
+def with_derived_recompute(device: DeviceProfile, model: ModelPreset) -> DeviceProfile:
+    """``device`` with the recomputation figures it lacks, derived (module docstring)."""
+
+    def fill(cost: DeviceProfile | LayerCost, block_only: bool) -> dict[str, RecomputeCost | None]:
+        def one(mode: Recompute, given: RecomputeCost | None) -> RecomputeCost | None:
+            if given is not None or cost.per_sample_bytes == 0:
+                return given
+            return _derived(
+                model,
+                mode,
+                per_sample_bytes=cost.per_sample_bytes,
+                per_sample_s=cost.per_sample_s,
+                block_only=block_only,
+            )
+
+        return {"selective": one("selective", cost.selective), "full": one("full", cost.full)}
+
+    layers = device.layers
+    if layers is not None:
+        block = replace(layers.block, **fill(layers.block, True))  # type: ignore[arg-type]
+        layers = replace(layers, block=block)
+    return replace(device, layers=layers, **fill(device, False))  # type: ignore[arg-type]
 
 
 def _layer_profile(where: str, raw: Any) -> LayerProfile:
@@ -201,6 +392,7 @@ def profile_from_dict(data: Any) -> Profile:
         if device_id in seen:
             raise ProfileError(f"profile: {where}.id {device_id!r} appears twice")
         seen.add(device_id)
+        recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
         devices.append(
             DeviceProfile(
                 id=device_id,
@@ -214,8 +406,13 @@ def profile_from_dict(data: Any) -> Profile:
                 layers=_layer_profile(f"{where}.layers", raw["layers"])
                 if raw.get("layers")
                 else None,
+                selective=recompute.get("selective"),
+                full=recompute.get("full"),
             )
         )
+    preset = PRESETS.get(model)
+    if preset is not None:
+        devices = [with_derived_recompute(d, preset) for d in devices]
     raw_links = data.get("links") or {}
     if not isinstance(raw_links, dict):
         raise ProfileError("profile: links must be an object")
@@ -258,32 +455,62 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
 
 
-def analytic_layers(
-    model: ModelPreset, *, peak_flops: float, bandwidth_bytes_s: float, bytes_per_param: int = 16
-) -> LayerProfile:
-    """Per-layer costs of ``model`` on a device of the given effective speed."""
-
-    def cost(params: int, flops: float, act_bytes: int) -> LayerCost:
-        return LayerCost(
-            fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S + 3 * 2 * params / bandwidth_bytes_s,
-            per_sample_s=flops / peak_flops,
-            static_bytes=bytes_per_param * params,
-            per_sample_bytes=act_bytes,
+def _cost(
+    params: int,
+    plain: PieceTime,
+    per_sample_bytes: int,
+    recompute: dict[str, tuple[PieceTime, Stored]] | None = None,
+) -> LayerCost:
+    costs = {
+        mode: RecomputeCost(
+            per_sample_bytes=kept.bytes,
+            per_sample_s=time.per_sample_s,
+            fixed_s=time.fixed_s,
+            transient_bytes_per_sample=kept.transient_bytes,
         )
+        for mode, (time, kept) in (recompute or {}).items()
+    }
+    return LayerCost(
+        fixed_s=plain.fixed_s,
+        per_sample_s=plain.per_sample_s,
+        static_bytes=MIXED_PRECISION_STATE_BYTES_PER_PARAM * params,
+        per_sample_bytes=per_sample_bytes,
+        selective=costs.get("selective"),
+        full=costs.get("full"),
+    )
 
-    embed_flops = 0.0  # a gather, negligible next to the blocks
+
+def analytic_layers(model: ModelPreset, rates: Rates) -> LayerProfile:
+    """Per-layer costs of ``model`` on a device sustaining ``rates`` (:mod:`scheduler.roofline`)."""
+    modes: tuple[Recompute, ...] = ("selective", "full")
     return LayerProfile(
         num_blocks=model.num_layers,
-        embed=cost(model.embed_params, embed_flops, 2 * model.seq_len * model.d_model),
-        block=cost(
-            model.block_params,
-            model.block_flops_per_sample,
-            model.activation_bytes_per_sample_per_layer,
+        embed=_cost(
+            model.embed_params, embed_time(model, rates), 2 * model.seq_len * model.d_model
         ),
-        head=cost(
-            model.head_params, model.head_flops_per_sample, 4 * model.seq_len * model.vocab_size
+        block=_cost(
+            model.block_params,
+            block_time(model, rates),
+            model.activation_bytes_per_sample_per_layer,
+            {m: (block_time(model, rates, m), model.block_stored(m)) for m in modes},
+        ),
+        head=_cost(
+            model.head_params, head_time(model, rates), 4 * model.seq_len * model.vocab_size
         ),
         boundary_bytes_per_sample=model.boundary_bytes_per_sample,
+    )
+
+
+def _whole(layers: LayerProfile, option: Option) -> tuple[float, float, int]:
+    """``(fixed_s, per_sample_s, per_sample_bytes)`` of the whole model with ``option``'s block."""
+    ends = (layers.embed, layers.head)
+    n = layers.num_blocks
+    return (
+        sum(c.fixed_s for c in ends) + n * option.fixed_s,
+        sum(c.per_sample_s for c in ends) + n * option.per_sample_s,
+        sum(c.per_sample_bytes for c in ends)
+        + n * option.per_sample_bytes
+        + option.transient_bytes_per_sample,
     )
 
 
@@ -291,23 +518,30 @@ def analytic_profile(
     cluster: Cluster,
     model: ModelPreset,
     *,
-    efficiency: float = DEFAULT_EFFICIENCY,
+    efficiency: float | None = None,
     simulated: bool = False,
 ) -> Profile:
     """A profile of ``cluster`` training ``model``, from the catalogue alone.
 
+    ``efficiency``: one share of peak FLOP/s for every device instead of each GPU's
+    own (:data:`scheduler.catalogue.DEFAULT_FLOPS_SHARE`, lower for power-capped cards).
     ``simulated``: capacities are those of the cluster's simulated devices
     (:func:`scheduler.capacity.usable_capacity_bytes`).
     """
-    if not 0 < efficiency <= 1:
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
-    from scheduler.catalogue import lookup
-
     devices = []
     for d in cluster.devices:
-        bandwidth_bytes_s = lookup(d.type).bandwidth_gbps * 1e9
-        peak_flops = d.peak_tflops * 1e12 * efficiency
-        layers = analytic_layers(model, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s)
+        rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
+        layers = analytic_layers(model, rates)
+        plain, *recompute = layers.block.options()
+        fixed_s, per_sample_s, per_sample_bytes = _whole(layers, plain)
+        costs = {}
+        for option in recompute:
+            fixed, per_sample, nbytes = _whole(layers, option)
+            costs[option.recompute] = RecomputeCost(
+                per_sample_bytes=nbytes, per_sample_s=per_sample, fixed_s=fixed
+            )
         devices.append(
             DeviceProfile(
                 id=d.id,
@@ -319,11 +553,12 @@ def analytic_profile(
                     memory_scale=cluster.simulation.memory_scale,
                 ),
                 static_bytes=model.model_state_bytes,
-                per_sample_bytes=model.activation_bytes_per_sample,
-                fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S * model.num_layers
-                + 3 * 2 * model.num_params / bandwidth_bytes_s,
-                per_sample_s=model.flops_per_sample / peak_flops,
+                per_sample_bytes=per_sample_bytes,
+                fixed_s=fixed_s,
+                per_sample_s=per_sample_s,
                 layers=layers,
+                selective=costs.get("selective"),
+                full=costs.get("full"),
             )
         )
     return Profile(

@@ -72,12 +72,21 @@ def test_analytic_profile_follows_catalogue_and_model() -> None:
     assert profile.model == "gpt2-small" and profile.source == "analytic"
     assert profile.gradient_bytes == model.gradient_bytes
     assert profile.links.inter_node_gbps == 25
-    assert a100.per_sample_s == pytest.approx(model.flops_per_sample / (312e12 * 0.5))
-    assert t4.per_sample_s / a100.per_sample_s == pytest.approx(312 / 65)
+    # The roofline: never faster than the FLOPs at the sustained rate, and within a few
+    # tens of per cent of it for a model this size (the rest is elementwise traffic).
+    compute_floor = model.flops_per_sample / (312e12 * 0.5)
+    assert compute_floor < a100.per_sample_s < 1.5 * compute_floor
+    # The 70 W T4 sustains a smaller share of its peak than the A100.
+    assert t4.per_sample_s / a100.per_sample_s > 312 / 65
     assert a100.capacity_bytes == catalogue_budget_bytes(80 * GIB)
     assert v100.capacity_bytes == catalogue_budget_bytes(12 * GIB), "memory_gb override"
     assert a100.static_bytes == model.model_state_bytes
     assert a100.per_sample_bytes == model.activation_bytes_per_sample
+    assert a100.full is not None and a100.selective is not None
+    assert a100.full.per_sample_bytes == model.activation_bytes_per_sample_with("full")
+    assert a100.full.per_sample_s == pytest.approx(
+        a100.per_sample_s + model.num_layers * a100.layers.block.per_sample_s / 3  # type: ignore[union-attr]
+    )
     # Fixed time: the weights read three times at memory bandwidth, plus launches.
     bandwidth = lookup("T4-16GB").bandwidth_gbps * 1e9
     assert t4.fixed_s > 6 * model.num_params / bandwidth
@@ -85,10 +94,11 @@ def test_analytic_profile_follows_catalogue_and_model() -> None:
 
 
 def test_efficiency_scales_time_and_must_be_a_fraction() -> None:
-    model = get_preset("gpt-tiny")
+    model = get_preset("gpt2-medium")
     fast = analytic_profile(CLUSTER, model, efficiency=0.8).devices[0]
     slow = analytic_profile(CLUSTER, model, efficiency=0.2).devices[0]
-    assert slow.per_sample_s == pytest.approx(4 * fast.per_sample_s)
+    # Compute time scales by 4; the memory-bound kernels do not.
+    assert 2 * fast.per_sample_s < slow.per_sample_s <= 4 * fast.per_sample_s
     for bad in (0.0, -0.1, 1.5):
         with pytest.raises(ProfileError, match=r"efficiency: must be in \(0, 1\]"):
             analytic_profile(CLUSTER, model, efficiency=bad)
