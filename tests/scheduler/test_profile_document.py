@@ -193,3 +193,45 @@ def test_files_that_are_not_profiles(tmp_path: Path) -> None:
 def test_unknown_device_lookup() -> None:
     with pytest.raises(ProfileError, match="profile: no device 'x/9'"):
         profile_from_dict(DESIGN_PROFILE).device("x/9")
+
+
+# --- recomputation figures ---------------------------------------------------------
+
+
+def test_measured_recomputation_figures_round_trip_and_win_over_derived_ones() -> None:
+    full = {"per_sample_bytes": 300000, "per_sample_s": 0.0015, "fixed_s": 0.005}
+    data = with_device(recompute={"full": full})
+    device = profile_from_dict(data).devices[0]
+    assert device.full is not None
+    assert (device.full.per_sample_bytes, device.full.per_sample_s) == (300000, 0.0015)
+    assert device.full.fixed_s == 0.005
+    again = json.loads(json.dumps(profile_from_dict(data).to_dict()))
+    assert again["devices"][0]["recompute"]["full"] == full
+    assert profile_from_dict(again) == profile_from_dict(data)
+
+
+def test_missing_recomputation_figures_are_derived_from_the_presets_ratios() -> None:
+    device = profile_from_dict(DESIGN_PROFILE).devices[0]  # gpt-tiny, measured, no figures
+    model = get_preset("gpt-tiny")
+    assert device.full is not None and device.selective is not None
+    bytes_ratio = model.activation_bytes_per_sample_with("full") / model.activation_bytes_per_sample
+    time_ratio = model.flops_per_sample_with("full") / model.flops_per_sample
+    assert device.full.per_sample_bytes == round(2500000 * bytes_ratio)
+    assert device.full.per_sample_s == pytest.approx(0.0011 * time_ratio)
+    assert device.full.per_sample_bytes < device.selective.per_sample_bytes < 2500000
+
+
+def test_unknown_models_get_no_guessed_recomputation_figures() -> None:
+    device = profile_from_dict({**DESIGN_PROFILE, "model": "my-own-net"}).devices[0]
+    assert device.full is None and device.selective is None
+    assert [o.recompute for o in device.options()] == ["none"]
+
+
+def test_bad_recomputation_figures_are_named() -> None:
+    message = profile_error(with_device(recompute={"partial": {}}))
+    assert message == (
+        "profile: devices[0].recompute.partial: unknown recomputation mode; "
+        "allowed: selective, full"
+    )
+    message = profile_error(with_device(recompute={"full": {"per_sample_bytes": 10}}))
+    assert message == "profile: devices[0].recompute.full.per_sample_s is missing"
