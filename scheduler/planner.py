@@ -16,7 +16,20 @@ placed some device ``i`` holds fewer than ``cap_i(T*)`` samples, so the
 cheapest next sample costs at most ``T*``. The result's slowest busy time is
 therefore exactly ``T*``, whatever the bisection's floating-point end point.
 Using each device's largest fitting micro-batch is optimal too: for fixed
-``n`` fewer micro-batches are never slower. Devices may end with zero samples
+``n`` fewer micro-batches are never slower.
+
+**Recomputation inside the exact split.** A device may run in up to three
+modes ``r`` (``none``, ``selective``, ``full`` activation recomputation), each
+with its own ``(m_ir, f_ir, p_ir)``: less memory per sample buys larger
+micro-batches at more time per sample. Its busy time is the discrete minimum
+``b_i(n) = min_r b_ir(n)`` over the modes in which one sample fits. A minimum
+of non-decreasing functions is non-decreasing, so everything above holds with
+``b_i`` in place of the single-mode busy time: ``cap_i(T) = max_r cap_ir(T)``
+(vectorised over the modes), the bisection and the greedy hand-out use the
+same ``b_i``, and the split's slowest busy time is exactly ``T*`` over all
+splits *and* all per-device mode choices. Each device then runs the mode that
+attains ``b_i`` at its final ``n`` (ties go to less recomputation), which is
+within its memory by construction. Devices may end with zero samples
 when that is faster; they then sit out the all-reduce. The all-reduce term
 depends only on who takes part, so the planner also considers the fastest
 single node alone (intra-node links) and keeps whichever total step time is
@@ -78,7 +91,7 @@ def split_fitting(profile: Profile) -> tuple[list[DeviceProfile], list[Excluded]
     and the others with a reason."""
     usable, excluded = [], []
     for d in profile.devices:
-        if any(d.max_micro_batch(o.per_sample_bytes) >= 1 for o in d.options()):
+        if d.fits_one_sample():
             usable.append(d)
         else:
             excluded.append(_exclusion(d))
@@ -147,24 +160,29 @@ class _Group:
 
 
 def _group(devices: Sequence[DeviceProfile]) -> _Group:
-    shape = (len(RECOMPUTE_MODES), len(devices))
-    max_micro = np.zeros(shape, dtype=np.int64)
-    fixed_s = np.ones(shape, dtype=np.float64)
-    per_sample_s = np.ones(shape, dtype=np.float64)
+    rows = len(RECOMPUTE_MODES)
+    max_micro: list[list[int]] = [[0] * len(devices) for _ in range(rows)]
+    fixed_s: list[list[float]] = [[1.0] * len(devices) for _ in range(rows)]
+    per_sample_s: list[list[float]] = [[1.0] * len(devices) for _ in range(rows)]
     codes: dict[str, int] = {}
     node_codes = []
     for i, d in enumerate(devices):
         node_codes.append(codes.setdefault(d.node, len(codes)))
-        for option in d.options():
-            row = RECOMPUTE_MODES.index(option.recompute)
-            max_micro[row, i] = d.max_micro_batch(option.per_sample_bytes)
-            fixed_s[row, i] = option.fixed_s
-            per_sample_s[row, i] = option.per_sample_s
+        max_micro[0][i], fixed_s[0][i], per_sample_s[0][i] = (
+            d.max_micro_batch(),
+            d.fixed_s,
+            d.per_sample_s,
+        )
+        for row, cost in ((1, d.selective), (2, d.full)):  # RECOMPUTE_MODES order
+            if cost is not None:
+                max_micro[row][i] = d.max_micro_batch(cost.per_sample_bytes)
+                fixed_s[row][i] = d.fixed_s if cost.fixed_s is None else cost.fixed_s
+                per_sample_s[row][i] = cost.per_sample_s
     return _Group(
         devices=tuple(devices),
-        max_micro=max_micro,
-        fixed_s=fixed_s,
-        per_sample_s=per_sample_s,
+        max_micro=np.array(max_micro, dtype=np.int64),
+        fixed_s=np.array(fixed_s, dtype=np.float64),
+        per_sample_s=np.array(per_sample_s, dtype=np.float64),
         node_codes=np.array(node_codes, dtype=np.int64),
         nodes=tuple(codes),
     )
@@ -229,15 +247,18 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
         return samples
     # Hand out the missing samples cheapest-first (exact busy-time order, best mode).
     counts = samples.tolist()
-    rows = [
-        [(mi, fi, pi) for mi, fi, pi in zip(mc, fc, pc, strict=True) if mi > 0]
-        for mc, fc, pc in zip(m.T.tolist(), f.T.tolist(), p.T.tolist(), strict=True)
-    ]
+    micro, fixed, per_sample = m.tolist(), f.tolist(), p.tolist()
 
     def busy(i: int, n: int) -> float:
-        return float(min(-(-n // mi) * fi + n * pi for mi, fi, pi in rows[i]))
+        return float(
+            min(
+                -(-n // micro[r][i]) * fixed[r][i] + n * per_sample[r][i]
+                for r in range(len(micro))
+                if micro[r][i] > 0
+            )
+        )
 
-    heap = [(busy(i, n + 1), i) for i, n in enumerate(counts)]
+    heap = list(zip(group.busy_s(samples + 1).tolist(), range(len(counts)), strict=True))
     heapq.heapify(heap)
     while missing > 0:
         _, i = heapq.heappop(heap)
@@ -322,7 +343,7 @@ def _build(
         strict=True,
     ):
         recompute: Recompute = RECOMPUTE_MODES[mode] if n > 0 else "none"
-        option = next(x for x in d.options() if x.recompute == recompute)
+        per_sample_bytes = d.per_sample_bytes_with(recompute) or 0
         entries.append(
             DevicePlan(
                 id=d.id,
@@ -330,7 +351,7 @@ def _build(
                 micro_batch=mb,
                 accum_steps=k,
                 busy_s=b,
-                peak_bytes=d.static_bytes + mb * option.per_sample_bytes,
+                peak_bytes=d.static_bytes + mb * per_sample_bytes,
                 offset=o,
                 recompute=recompute,
             )

@@ -199,6 +199,21 @@ class DeviceProfile:
             self.fixed_s, self.per_sample_s, self.per_sample_bytes, self.selective, self.full
         )
 
+    def per_sample_bytes_with(self, recompute: Recompute) -> int | None:
+        """Activation bytes per sample under ``recompute``; ``None`` if it has no figures."""
+        if recompute == "none":
+            return self.per_sample_bytes
+        cost = self.selective if recompute == "selective" else self.full
+        return None if cost is None else cost.per_sample_bytes
+
+    def fits_one_sample(self) -> bool:
+        """Whether a micro-batch of one fits in some mode (the planners' hot path)."""
+        least = self.per_sample_bytes
+        for cost in (self.selective, self.full):
+            if cost is not None and cost.per_sample_bytes < least:
+                least = cost.per_sample_bytes
+        return self.static_bytes + least <= self.capacity_bytes
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,
