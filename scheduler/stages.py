@@ -50,9 +50,10 @@ import numpy.typing as npt
 from scheduler.activations import RECOMPUTE_MODES, Recompute
 from scheduler.cluster import Links
 from scheduler.costmodel import ring_allreduce_s
+from scheduler.costs import DeviceProfile, LayerCost, LayerProfile, Option
 from scheduler.errors import PlanError
 from scheduler.models import PRESETS
-from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Option, Profile
+from scheduler.profile import Profile
 
 INF = math.inf
 P2P_LATENCY_S = 1e-3
