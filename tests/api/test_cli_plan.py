@@ -194,3 +194,21 @@ def test_console_script_plans_without_torch_or_ray(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert imported.stdout.strip().splitlines()[-1] == "[]", "hetsched plan stays light"
+
+
+def test_plan_table_shows_which_devices_recompute(capsys: pytest.CaptureFixture[str]) -> None:
+    lab = MIXED_LAB.parent / "university-lab.yaml"
+    args = ("--cluster", str(lab), "--model", "llama-7b", "--global-batch", "64")
+    code, out, _ = run_cli(capsys, "plan", *args, "--strategy", "pp")
+    assert code == 0
+    plan = make_plan(analytic_profile(load_cluster(lab), get_preset("llama-7b")), 64, "pp")
+    header = out.splitlines()[2]
+    assert "RECOMPUTE" in header
+    column = header.split().index("RECOMPUTE")
+    for d in plan.devices:
+        (row,) = [line for line in out.splitlines() if line.startswith(d.id + " ")]
+        assert row.split()[column] == d.recompute
+    assert {d.recompute for d in plan.devices} == {"none", "full"}
+    small = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64")
+    _, out, _ = run_cli(capsys, "plan", *small)
+    assert "RECOMPUTE" not in out, "the column appears only when some device recomputes"
