@@ -2,7 +2,8 @@
 
 Each pipeline is partitioned exactly as in :mod:`scheduler.stages` (with the
 conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
-valid whatever share it gets). The global batch is cut into ``M`` micro-batches
+valid whatever share it gets, and each stage's recomputation mode chosen
+there). The global batch is cut into ``M`` micro-batches
 of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
 micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
 pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches

@@ -15,7 +15,9 @@ since a slow stage or a longer bubble can cost more than it brings. Micro-batch
 sizes are tried over powers of two (and the whole batch); the global batch
 is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow; among
 plans predicted within 5 % of the fastest the one with the largest micro-batches
-is kept (:data:`LARGER_MICRO_BATCH_MARGIN`).
+is kept (:data:`LARGER_MICRO_BATCH_MARGIN`). Each stage runs its blocks with
+the activation recomputation its partition chose (:mod:`scheduler.stages`);
+the plan entry says which in ``recompute``.
 """
 
 from __future__ import annotations

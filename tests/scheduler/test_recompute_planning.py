@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from scheduler.planner import make_plan, optimal_split, plan_dp
 from scheduler.profile import DeviceProfile, Profile, RecomputeCost, analytic_profile
 
 MB = 10**6
+CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"
 
 
 def device(
@@ -177,7 +179,7 @@ def test_recomputation_lets_llama_13b_fit_a_pipeline_where_none_did() -> None:
 
 
 def test_stages_choose_recomputation_only_where_memory_is_short() -> None:
-    cluster = load_cluster("deploy/clusters/university-lab.yaml")
+    cluster = load_cluster(CLUSTERS / "university-lab.yaml")
     plan = make_plan(analytic_profile(cluster, get_preset("llama-7b")), 64, "pp")
     modes = {d.id: d.recompute for d in plan.active}
     assert "none" in modes.values() and "full" in modes.values()
@@ -191,7 +193,7 @@ def test_llama_13b_plans_on_a_bundled_cluster_that_found_no_strategy() -> None:
     model = get_preset("llama-13b")
     assert model.activation_bytes_per_sample < 40e9
     assert replace(model, attention="math").activation_bytes_per_sample > 160e9
-    cluster = load_cluster("deploy/clusters/datacenter-generations.yaml")
+    cluster = load_cluster(CLUSTERS / "datacenter-generations.yaml")
     plan = make_plan(analytic_profile(cluster, model), 64, "auto")
     assert plan.strategy in {"pp", "hybrid"} and plan.predicted_samples_per_s > 0
 
