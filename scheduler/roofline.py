@@ -31,11 +31,14 @@ forward is one third of a piece's forward + backward for every kernel class,
 so ``full`` adds a third of the block's per-sample time and one more weight
 read; ``selective`` adds a third of the attention core's time.
 
-**Checked against published measurements** (tests/scheduler/test_roofline.py):
-on a 2.7B-parameter GPT at micro-batch 1–4, relative speeds V100 : L4 ≈ 2.7 and
-T4 : L4 ≈ 1 (the per-layer figures quoted by issue 12), and A100 : V100 ≈ 2.2
-for language models in mixed precision (Lambda, "NVIDIA A100 GPU Benchmarks
-for Deep Learning", 2020: 1.95×–2.5×).
+**Checked against published figures** (tests/scheduler/test_roofline.py): on
+a 2.7B-parameter GPT at micro-batch 1–4, relative speeds V100 : L4 ≈ 2.7 and
+T4 : L4 ≈ 1 (per-layer measurements quoted by issue 12), A100 : V100 within
+1.95×–2.5× for language models in fp16 (Lambda's estimate from NVIDIA's
+published numbers, "NVIDIA A100 GPU Benchmarks for Deep Learning", 2020), and
+the T4's sustained 24 TFLOP/s (a measured cuBLAS GEMM, see the catalogue).
+The model gives 2.6, 1.0 and 2.5. The L4's share is fitted to the first
+ratio; the others are not fitted.
 """
 
 from __future__ import annotations
