@@ -71,11 +71,15 @@ def _options(
             per_sample_bytes=per_sample_bytes,
         )
     ]
-    for mode, cost in (("selective", selective), ("full", full)):
+    modes: tuple[tuple[Recompute, RecomputeCost | None], ...] = (
+        ("selective", selective),
+        ("full", full),
+    )
+    for mode, cost in modes:
         if cost is not None:
             out.append(
                 Option(
-                    recompute=mode,  # type: ignore[arg-type]
+                    recompute=mode,
                     fixed_s=fixed_s if cost.fixed_s is None else cost.fixed_s,
                     per_sample_s=cost.per_sample_s,
                     per_sample_bytes=cost.per_sample_bytes,
@@ -227,10 +231,9 @@ def _derived(
     """Figures under ``mode`` scaled from measured plain ones by the preset's analytic ratios."""
     if block_only:
         plain, under = model.block_stored("none"), model.block_stored(mode)
-        forward = model.block_flops_per_sample / 3
         bytes_ratio = under.bytes / plain.bytes
         transient_ratio = under.transient_bytes / plain.bytes
-        time_ratio = 1 + under.extra_forward_flops / (3 * forward)
+        time_ratio = 1 + under.extra_forward_flops / model.block_flops_per_sample
     else:
         bytes_ratio = (
             model.activation_bytes_per_sample_with(mode) / model.activation_bytes_per_sample
@@ -247,22 +250,29 @@ def _derived(
 def with_derived_recompute(device: DeviceProfile, model: ModelPreset) -> DeviceProfile:
     """``device`` with the recomputation figures it lacks, derived (module docstring)."""
 
-    def fill(cost: DeviceProfile | LayerCost, block_only: bool) -> dict[str, RecomputeCost | None]:
-        def one(mode: Recompute, given: RecomputeCost | None) -> RecomputeCost | None:
-            if given is not None or cost.per_sample_bytes == 0:
-                return given
-            return _derived(
-                model,
-                mode,
-                per_sample_bytes=cost.per_sample_bytes,
-                per_sample_s=cost.per_sample_s,
-                block_only=block_only,
-            )
-
-        return {"selective": one("selective", cost.selective), "full": one("full", cost.full)}
+    def fill(
+        cost: DeviceProfile | LayerCost, mode: Recompute, given: RecomputeCost | None
+    ) -> RecomputeCost | None:
+        if given is not None or cost.per_sample_bytes == 0:
+            return given
+        return _derived(
+            model,
+            mode,
+            per_sample_bytes=cost.per_sample_bytes,
+            per_sample_s=cost.per_sample_s,
+            block_only=isinstance(cost, LayerCost),
+        )
 
     layers = device.layers
     if layers is not None:
-        block = replace(layers.block, **fill(layers.block, True))  # type: ignore[arg-type]
+        b = layers.block
+        block = replace(
+            b, selective=fill(b, "selective", b.selective), full=fill(b, "full", b.full)
+        )
         layers = replace(layers, block=block)
-    return replace(device, layers=layers, **fill(device, False))  # type: ignore[arg-type]
+    return replace(
+        device,
+        layers=layers,
+        selective=fill(device, "selective", device.selective),
+        full=fill(device, "full", device.full),
+    )

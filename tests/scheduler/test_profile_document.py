@@ -235,3 +235,24 @@ def test_bad_recomputation_figures_are_named() -> None:
     )
     message = profile_error(with_device(recompute={"full": {"per_sample_bytes": 10}}))
     assert message == "profile: devices[0].recompute.full.per_sample_s is missing"
+
+
+def test_per_layer_block_figures_get_derived_recomputation_with_its_transient() -> None:
+    piece = {"fixed_s": 0.001, "per_sample_s": 0.0002, "static_bytes": 1000, "per_sample_bytes": 0}
+    block = {**piece, "per_sample_bytes": 600000}
+    layers = {
+        "num_blocks": 4,
+        "embed": piece,
+        "block": block,
+        "head": piece,
+        "boundary_bytes_per_sample": 16384,
+    }
+    device = profile_from_dict(with_device(layers=layers)).devices[0]
+    assert device.layers is not None and device.layers.block.full is not None
+    full = device.layers.block.full
+    kept = get_preset("gpt-tiny").block_stored("full")
+    plain = get_preset("gpt-tiny").block_stored("none")
+    assert full.per_sample_bytes == round(600000 * kept.bytes / plain.bytes)
+    assert full.transient_bytes_per_sample == round(600000 * kept.transient_bytes / plain.bytes)
+    assert full.per_sample_s == pytest.approx(0.0002 * 4 / 3)
+    assert device.layers.embed.full is None, "only blocks are recomputed"
