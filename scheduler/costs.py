@@ -164,6 +164,11 @@ class DeviceProfile:
     per_sample_s: float
     """Forward + backward time per sample."""
     layers: LayerProfile | None = None
+    micro_batch_limit: int | None = None
+    """The largest micro-batch the profiler ran and saw fit (a hard cap on top of
+    the memory model, which a real allocator may not follow exactly); None for
+    analytic profiles. A recomputation mode's cap scales it by the plain
+    per-sample bytes over the mode's."""
     selective: RecomputeCost | None = None
     """Figures with selective recomputation (module docstring), when known."""
     full: RecomputeCost | None = None
@@ -177,9 +182,13 @@ class DeviceProfile:
         free = self.capacity_bytes - self.static_bytes
         if free < per_sample:
             return 0
-        if per_sample == 0:
-            return 2**31
-        return free // per_sample
+        by_memory = 2**31 if per_sample == 0 else free // per_sample
+        if self.micro_batch_limit is None:
+            return by_memory
+        limit = self.micro_batch_limit
+        if 0 < per_sample < self.per_sample_bytes:
+            limit = limit * self.per_sample_bytes // per_sample
+        return min(by_memory, limit)
 
     def options(self) -> tuple[Option, ...]:
         """The plain figures, then those of each recomputation mode it has."""
@@ -213,6 +222,8 @@ class DeviceProfile:
             "fixed_s": self.fixed_s,
             "per_sample_s": self.per_sample_s,
         }
+        if self.micro_batch_limit is not None:
+            out["micro_batch_limit"] = self.micro_batch_limit
         if self.layers is not None:
             out["layers"] = self.layers.to_dict()
         if (recompute := _recompute_dict(self.selective, self.full)) is not None:

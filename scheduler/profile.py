@@ -198,6 +198,9 @@ def profile_from_dict(data: Any) -> Profile:
                 layers=_layer_profile(f"{where}.layers", raw["layers"])
                 if raw.get("layers")
                 else None,
+                micro_batch_limit=int(_num(where, raw, "micro_batch_limit", integer=True))
+                if raw.get("micro_batch_limit") is not None
+                else None,
                 selective=recompute.get("selective"),
                 full=recompute.get("full"),
             )

@@ -1,13 +1,15 @@
-"""The one entry point of the workers: Ray, profiling and training (contract.md).
+"""The one entry point of the workers: Ray, profiling and training.
 
 ``hetsched simulate``, ``hetsched profile`` and the API's job executor call
 only these names::
 
-    from workers.session import start_local_ray, profile_cluster, train
+    from workers.session import WorkerPool, start_local_ray, profile_cluster, train
     start_local_ray(cluster)
-    profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"))
+    pool = WorkerPool(cluster, simulated=True)       # warm workers, reused by every run
+    profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"), pool=pool)
     plan = make_plan(profile, 64, "dp")
-    result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0)
+    result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0, pool=pool)
+    pool.shutdown()
 
 Simulated devices are paced against a host calibration cached under
 ``cache_dir``; pass the same ``cache_dir`` to :func:`profile_cluster` and
@@ -17,10 +19,6 @@ Simulated devices are paced against a host calibration cached under
 
 from __future__ import annotations
 
-import importlib
-import itertools
-import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,15 +28,18 @@ import ray
 from scheduler.catalogue import CATALOGUE, lookup
 from scheduler.cluster import Cluster, Device, Links
 from scheduler.models import ModelPreset
-from scheduler.plan import DP_STRATEGIES, Plan
+from scheduler.plan import Plan
 from scheduler.profile import Profile
+from workers import driver
 from workers.actors import start_local_ray
-from workers.calibration import calibrate_host, default_cache_dir
-from workers.devices import Pacing, default_margin, simulated_capacity_bytes, speed_ratio
+from workers.calibration import default_cache_dir
 from workers.errors import WorkerError
 from workers.model import check_trainable
+from workers.pacing import no_pacing, pacing_margin, simulated_pacing
+from workers.pool import WorkerPool
+from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
-from workers.runtime import make_specs, run_data_parallel
+from workers.spec import RunSpec, make_ranks
 
 __all__ = [
     "DeviceStep",
@@ -46,6 +47,7 @@ __all__ = [
     "StepMetrics",
     "TrainResult",
     "WorkerError",
+    "WorkerPool",
     "connect_ray",
     "pacing_margin",
     "profile_cluster",
@@ -54,45 +56,6 @@ __all__ = [
 ]
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
-_RUN_IDS = itertools.count()
-_RUN_LOCK = threading.Lock()
-
-
-def pacing_margin(cluster: Cluster) -> float:
-    """Contention margin ``K`` for ``cluster``'s simulation on this machine.
-
-    ``$HETSCHED_PACING_MARGIN`` overrides it; otherwise it follows the number
-    of simulated devices per CPU Ray may use (:func:`workers.devices.default_margin`).
-    """
-    env = os.environ.get("HETSCHED_PACING_MARGIN")
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            raise WorkerError(
-                f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}"
-            ) from None
-        if value < 1:
-            raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}")
-        return value
-    num_cpus = int(ray.cluster_resources().get("CPU", 2)) if ray.is_initialized() else 2
-    return default_margin(len(cluster.devices), min(num_cpus, os.cpu_count() or num_cpus))
-
-
-def simulated_pacing(
-    cluster: Cluster, model: ModelPreset, *, cache_dir: Path | None, refresh: bool = False
-) -> Callable[[str], tuple[int, Pacing]]:
-    """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``."""
-    host = calibrate_host(model, cache_dir=cache_dir, refresh=refresh)
-    margin = pacing_margin(cluster)
-
-    def of(device_id: str) -> tuple[int, Pacing]:
-        device = cluster.device(device_id)
-        return simulated_capacity_bytes(cluster, device), Pacing(
-            margin=margin, speed_ratio=speed_ratio(cluster, device), host=host
-        )
-
-    return of
 
 
 def connect_ray(address: str) -> Cluster:
@@ -157,15 +120,13 @@ def profile_cluster(
     refresh: bool = False,
     simulated: bool = True,
     layers: Any = "auto",
+    pool: WorkerPool | None = None,
 ) -> Profile:
     """Measure each device (cached) and return the profile of DESIGN.md.
 
     ``layers``: per-layer figures for pipeline planning; ``"auto"`` measures
-    them when :mod:`workers.layer_profile` is installed, ``None`` skips them
-    (see :func:`workers.profiler.profile_devices`).
+    them, ``None`` skips them (see :func:`workers.profiler.profile_devices`).
     """
-    from workers.profiler import profile_devices
-
     check_trainable(model)
     return profile_devices(
         cluster,
@@ -175,11 +136,8 @@ def profile_cluster(
         refresh=refresh,
         simulated=simulated,
         layers=layers,
+        pool=pool,
     )
-
-
-def needs_pipeline(plan: Plan) -> bool:
-    return plan.strategy not in DP_STRATEGIES or any(d.layers is not None for d in plan.devices)
 
 
 def train(
@@ -197,17 +155,19 @@ def train(
     cache_dir: Path | None = None,
     dtype: str = "float32",
     keep_state: bool = False,
+    pool: WorkerPool | None = None,
 ) -> TrainResult:
     """Train ``plan`` for ``steps`` steps and return the losses and timings.
 
-    One Ray actor per active device of the plan and a fresh torch.distributed
-    group; ``on_step`` is called in this thread after every step and
-    ``should_stop`` is checked between steps. Raises :class:`WorkerError`
-    naming the device on OOM, crash or a lost actor, within bounded time.
-    pp/hybrid plans run in :mod:`workers.pipeline` (``train_pipeline`` with
-    the same keyword arguments plus ``pacing_of``). ``dtype="float64"`` trains
-    in double precision, for runs that check exactness against a reference;
-    ``keep_state=True`` returns rank 0's final model and optimizer state.
+    One warm worker per active device of the plan (from ``pool``, or a
+    temporary pool) joined into a fresh torch.distributed group, for every
+    strategy (:mod:`workers.driver`); ``on_step`` is called in this thread
+    after every step and ``should_stop`` is checked between steps. Raises
+    :class:`WorkerError` naming the device on OOM, crash or a lost actor,
+    within bounded time. ``dtype="float64"`` trains in double precision, for
+    runs that check exactness against a reference; ``keep_state=True``
+    returns the final whole-model state (and rank 0's optimizer state for
+    data-parallel plans).
     """
     check_trainable(model)
     if steps < 0:
@@ -218,52 +178,31 @@ def train(
         if not simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
         start_local_ray(cluster)
-    pacing_of: Callable[[str], tuple[int, Pacing | None]]
-    if simulated:
-        pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir or default_cache_dir())
-    else:
-
-        def pacing_of(device_id: str) -> tuple[int, Pacing | None]:
-            return 0, None
-
-    if needs_pipeline(plan):
-        pipeline = importlib.import_module("workers.pipeline")
-        return pipeline.train_pipeline(
-            cluster=cluster,
-            model=model,
-            plan=plan,
-            steps=steps,
-            seed=seed,
-            dataset=dataset,
-            optimizer=optimizer,
-            simulated=simulated,
-            on_step=on_step,
-            should_stop=should_stop,
-            pacing_of=pacing_of,
-            cache_dir=cache_dir,
-            dtype=dtype,
-            keep_state=keep_state,
-        )
-    specs = make_specs(
-        cluster=cluster,
+    cache_dir = cache_dir or default_cache_dir()
+    pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir) if simulated else no_pacing
+    run_spec = RunSpec(
         preset=model,
-        plan=plan,
         seed=seed,
-        dataset=dataset,
+        global_batch=plan.global_batch,
         optimizer=optimizer,
+        dataset=dataset,
         simulated=simulated,
-        pacing_of=pacing_of,
         dtype=dtype,
     )
-    with _RUN_LOCK:
-        run_id = next(_RUN_IDS)
-    return run_data_parallel(
-        cluster=cluster,
-        specs=specs,
-        plan=plan,
-        steps=steps,
-        on_step=on_step,
-        should_stop=should_stop,
-        actor_name_prefix=f"hetsched-dp-{os.getpid()}-{run_id}-",
-        keep_state=keep_state,
-    )
+    ranks = make_ranks(plan, preset=model, pacing_of=pacing_of, cache_dir=cache_dir)
+    own_pool = pool is None
+    pool = pool or WorkerPool(cluster, simulated=simulated)
+    try:
+        return driver.run(
+            pool,
+            run_spec=run_spec,
+            ranks=ranks,
+            plan=plan,
+            steps=steps,
+            on_step=on_step,
+            should_stop=should_stop,
+            keep_state=keep_state,
+        )
+    finally:
+        if own_pool:
+            pool.shutdown()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.plan import format_table
+from api.services import check_simulated_fit
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
 from scheduler.models import PRESETS, ModelPreset, get_preset
@@ -162,15 +163,49 @@ def simulate(
     progress: Progress,
 ) -> dict[str, Any]:
     """Profile, plan and train each strategy; the JSON document of the command."""
-    from scheduler.planner import make_plan
     from workers.calibration import default_cache_dir
-    from workers.session import profile_cluster, start_local_ray, train
+    from workers.session import WorkerPool, start_local_ray
 
     cache_dir = cache_dir or default_cache_dir()
     progress.say(
         f"starting local Ray with {len(cluster.devices)} simulated devices ({cluster.name})"
     )
     start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
+    # One warm worker per device for the profile and every strategy's run.
+    pool = WorkerPool(cluster, simulated=True)
+    try:
+        return _simulate_on(
+            pool,
+            cluster=cluster,
+            preset=preset,
+            global_batch=global_batch,
+            steps=steps,
+            seed=seed,
+            strategies=strategies,
+            cache_dir=cache_dir,
+            refresh=refresh,
+            progress=progress,
+        )
+    finally:
+        pool.shutdown()
+
+
+def _simulate_on(
+    pool: Any,
+    *,
+    cluster: Cluster,
+    preset: ModelPreset,
+    global_batch: int,
+    steps: int,
+    seed: int,
+    strategies: list[str],
+    cache_dir: Path,
+    refresh: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    from scheduler.planner import make_plan
+    from workers.session import profile_cluster, train
+
     begin = time.perf_counter()
     progress.say("profiling (cached after the first run)...")
     # Per-layer figures only matter to the pipeline planners; skip them otherwise.
@@ -181,6 +216,7 @@ def simulate(
         cache_dir=cache_dir,
         refresh=refresh,
         layers="auto" if wants_layers else None,
+        pool=pool,
     )
     progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
     runs = []
@@ -199,6 +235,7 @@ def simulate(
             seed=seed,
             on_step=on_step,
             cache_dir=cache_dir,
+            pool=pool,
         )
         after_first = result.step_times_s[1:] or result.step_times_s
         measured = statistics.median(after_first)
@@ -242,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.model import check_trainable
 
     check_trainable(preset)  # before starting Ray: a llama preset cannot train here
+    check_simulated_fit(cluster, preset, cluster.ids)  # any memory_scale: fits, or one line
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):

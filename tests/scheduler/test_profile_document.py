@@ -256,3 +256,14 @@ def test_per_layer_block_figures_get_derived_recomputation_with_its_transient() 
     assert full.transient_bytes_per_sample == round(600000 * kept.transient_bytes / plain.bytes)
     assert full.per_sample_s == pytest.approx(0.0002 * 4 / 3)
     assert device.layers.embed.full is None, "only blocks are recomputed"
+
+
+def test_the_profilers_micro_batch_limit_scales_to_recomputation_modes() -> None:
+    full = {"per_sample_bytes": 500000, "per_sample_s": 0.0015}
+    data = with_device(micro_batch_limit=3, recompute={"full": full})
+    device = profile_from_dict(data).devices[0]
+    assert device.max_micro_batch() == 3, "the measured cap holds without recomputation"
+    # five times less per sample: the cap grows with the memory it saves
+    assert device.max_micro_batch(500000) == 15
+    again = profile_from_dict(data).to_dict()["devices"][0]
+    assert again["micro_batch_limit"] == 3 and again["recompute"]["full"] == full
