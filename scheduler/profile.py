@@ -81,6 +81,19 @@ class Profile:
         wanted = set(device_ids)
         return replace(self, devices=tuple(d for d in self.devices if d.id in wanted))
 
+    def without_recompute(self) -> Profile:
+        """This profile with no recomputation figures: plans then never recompute
+        (for a runtime or a user that does not checkpoint activations)."""
+
+        def plain(d: DeviceProfile) -> DeviceProfile:
+            layers = d.layers
+            if layers is not None:
+                block = replace(layers.block, selective=None, full=None)
+                layers = replace(layers, block=block)
+            return replace(d, selective=None, full=None, layers=layers)
+
+        return replace(self, devices=tuple(plain(d) for d in self.devices))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,

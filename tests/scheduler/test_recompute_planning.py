@@ -80,6 +80,10 @@ def test_a_plan_uses_recomputation_only_where_memory_needs_it() -> None:
     assert by_id["b/0"].recompute == "full" and by_id["b/0"].samples > 0
     again = plan.to_dict()["devices"]
     assert [d["recompute"] for d in again] == ["none", "full"]
+    # A runtime that does not checkpoint plans without it: the tight device sits out.
+    plain = plan_dp(profile_of(roomy, tight).without_recompute(), 12)
+    assert [d.id for d in plain.devices] == ["a/0"] and plain.devices[0].recompute == "none"
+    assert plain.excluded[0].id == "b/0"
 
 
 def test_recomputation_is_chosen_when_fewer_micro_batches_save_more_than_it_costs() -> None:
@@ -158,19 +162,10 @@ MIXED = {
 }
 
 
-def without_recomputation(profile: Profile) -> Profile:
-    def plain(d: DeviceProfile) -> DeviceProfile:
-        assert d.layers is not None
-        block = replace(d.layers.block, selective=None, full=None)
-        return replace(d, selective=None, full=None, layers=replace(d.layers, block=block))
-
-    return replace(profile, devices=tuple(plain(d) for d in profile.devices))
-
-
 def test_recomputation_lets_llama_13b_fit_a_pipeline_where_none_did() -> None:
     profile = analytic_profile(parse_cluster(MIXED), get_preset("llama-13b"))
     with pytest.raises(PlanError, match="no pipeline over 6 devices fits"):
-        plan_pp(without_recomputation(profile), 8)
+        plan_pp(profile.without_recompute(), 8)
     plan = plan_pp(profile, 8)
     modes = {d.recompute for d in plan.active}
     assert modes & {"selective", "full"}
