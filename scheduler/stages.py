@@ -40,6 +40,7 @@ over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,6 +222,32 @@ class Chain:
         return self.total_s + (num_micro_batches - 1) * self.slowest_s
 
 
+@functools.lru_cache(maxsize=4096)
+def _block_modes(
+    block: LayerCost,
+) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray, FloatArray, FloatArray]:
+    """A block's modes as columns, less recomputation first (``argmin`` keeps it on ties):
+    mode indices, then fixed_s, per_sample_s, kept and transient bytes, each ``(modes, 1)``.
+    Memoised by the block's figures (read-only arrays): a plan partitions the same
+    figures thousands of times."""
+    options = block.options()
+
+    def column(values: list[float]) -> FloatArray:
+        out = np.array(values, dtype=np.float64)[:, None]
+        out.setflags(write=False)  # shared by every caller of the cache
+        return out
+
+    modes = np.array([RECOMPUTE_MODES.index(o.recompute) for o in options], dtype=np.int64)
+    modes.setflags(write=False)
+    return (
+        modes,
+        column([o.fixed_s for o in options]),
+        column([o.per_sample_s for o in options]),
+        column([o.per_sample_bytes for o in options]),
+        column([o.transient_bytes_per_sample for o in options]),
+    )
+
+
 def _stage_arrays(
     device: DeviceProfile,
     num_blocks: int,
@@ -234,27 +261,27 @@ def _stage_arrays(
     """Time of this stage for 0..num_blocks blocks with its fastest mode that fits memory
     (``∞`` where none does), and that mode's index in :data:`RECOMPUTE_MODES`."""
     lp = layers_of(device)
-    k = np.arange(num_blocks + 1, dtype=np.float64)
+    modes, fixed, per_sample, kept, transient = _block_modes(lp.block)
+    k = np.arange(num_blocks + 1, dtype=np.float64)[None, :]  # (1, K+1)
     ends = _ends(lp, first=first, last=last)
+    time = (
+        ends.fixed_s
+        + k * fixed
+        + micro_batch * (ends.per_sample_s + k * per_sample)
+        + exchange_s(first=first, last=last)
+    )  # (modes, K+1)
     states = ends.static_bytes + k * lp.block.static_bytes
     if last and not first:
         states = states + tied_state_bytes
-    best = np.full(num_blocks + 1, INF)
-    mode = np.zeros(num_blocks + 1, dtype=np.int64)
-    for option in lp.block.options():  # less recomputation first: it wins ties
-        time = (
-            ends.fixed_s
-            + k * option.fixed_s
-            + micro_batch * (ends.per_sample_s + k * option.per_sample_s)
-            + exchange_s(first=first, last=last)
-        )
-        act = ends.per_sample_bytes + k * option.per_sample_bytes
-        transient = np.where(k > 0, option.transient_bytes_per_sample, 0)
-        mem = states + in_flight * micro_batch * act + micro_batch * transient
-        time[mem > device.capacity_bytes] = INF
-        better = time < best
-        best = np.where(better, time, best)
-        mode = np.where(better, RECOMPUTE_MODES.index(option.recompute), mode)
+    mem = (
+        states
+        + in_flight * micro_batch * (ends.per_sample_bytes + k * kept)
+        + micro_batch * np.where(k > 0, transient, 0.0)
+    )
+    time = np.where(mem > device.capacity_bytes, INF, time)
+    chosen = time.argmin(axis=0)
+    best = np.asarray(time.min(axis=0), dtype=np.float64)
+    mode = modes[chosen]
     if not first and not last:
         best[0] = INF  # a middle stage without blocks would only forward tensors
     return best, mode
