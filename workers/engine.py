@@ -21,12 +21,14 @@ backward is done and overlaps the rest of the device's time.
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from workers.checkpoint import load_part, part_tensors, write_part
 from workers.data import ByteDataset
@@ -46,6 +48,25 @@ def micro_batch_sizes(samples: int, accum_steps: int) -> list[int]:
         return []
     k = max(1, min(accum_steps, samples))
     return [samples // k + (1 if i < samples % k else 0) for i in range(k)]
+
+
+def set_recompute(model: torch.nn.Module, mode: str) -> None:
+    """Recompute activations in backward instead of keeping them (Korthikanti et al., 2022).
+
+    ``full``: each block keeps only its input and runs its forward again in
+    backward; ``selective``: each block's attention sub-layer does (a coarser
+    cut than the paper's attention core, so it keeps no more than the planner
+    counts); ``none``: everything is kept. Through ``torch.utils.checkpoint``
+    (non-reentrant), so a simulated device's count of saved tensors sees it.
+    Parameter names do not change, so checkpoints are unaffected.
+    """
+    for block in getattr(model, "blocks", {}).values():
+        for module in (block, block.attn):
+            module.__dict__.pop("forward", None)  # back to the class's forward
+        target = {"full": block, "selective": block.attn}.get(mode)
+        if target is not None:
+            inner = target.forward
+            target.forward = functools.partial(checkpoint, inner, use_reentrant=False)
 
 
 def micro_batches(
@@ -81,6 +102,7 @@ class Engine(ABC):
         )
         self.dtype = getattr(torch, run.dtype)
         self.model.to(device=device.torch_device, dtype=self.dtype)
+        set_recompute(self.model, rank.recompute)
         self.data = ByteDataset(
             run.dataset, seq_len=run.preset.seq_len, vocab_size=run.preset.vocab_size
         )

@@ -17,7 +17,10 @@ measured by one code path (DESIGN.md):
    device's count is exact arithmetic on the same model. A real GPU is
    checked up to ``MAX_CHECKED_MICRO_BATCH``, the largest that plans use;
 4. forward+backward time at several micro-batch sizes (median of repeats
-   after a warm-up) and a least-squares fit of ``fixed_s + m · per_sample_s``.
+   after a warm-up) and a least-squares fit of ``fixed_s + m · per_sample_s``;
+5. the same memory and time under ``selective`` and ``full`` activation
+   recomputation (:func:`workers.engine.set_recompute`), which the planners
+   may choose per device.
 
 A device that cannot hold the model states at all is reported with no
 fitting micro-batch (the planner leaves it out) instead of failing the
@@ -37,14 +40,16 @@ from scheduler.models import ModelPreset
 from workers.calibration import fit_line
 from workers.data import ByteDataset
 from workers.devices import SimulatedDevice, TorchDevice, model_state_bytes
-from workers.engine import micro_batches
+from workers.engine import micro_batches, set_recompute
 from workers.errors import DeviceOutOfMemory
 from workers.model import GPT, lm_loss_sum
+from workers.pacing import with_recompute
 
 TIMING_SIZES = (1, 2, 4, 8, 16)
 TIMING_REPEATS = 3
 MAX_RETRY_FACTOR = 3
 MEMORY_SIZES = (1, 2, 4)
+RECOMPUTE = ("selective", "full")
 HOST_CHECK_BYTES = 512 * 2**20
 """Host memory a simulated device's fit check may use for activations."""
 MAX_CHECKED_MICRO_BATCH = 1024
@@ -62,6 +67,8 @@ class DeviceFigures:
     per_sample_s: float
     max_micro_batch: int
     """The largest micro-batch seen to fit (0: not even the model states)."""
+    recompute: dict[str, dict[str, float]] | None = None
+    """Per recomputation mode (``selective``, ``full``): per-sample bytes and time."""
 
 
 class Measurement:
@@ -111,10 +118,10 @@ class Measurement:
         times = [self._time(model, m) for m in sizes]
         self.device.capacity_bytes = capacity
         del optimizer
-        if len(sizes) == 1:
-            fixed_s, per_sample_s = 0.0, times[0]
-        else:
-            fixed_s, per_sample_s = fit_line([float(m) for m in sizes], times)
+        fixed_s, per_sample_s = self._fit(sizes, times)
+        recompute = None
+        if max_m >= 1:
+            recompute = {mode: self._with_recompute(model, static, mode) for mode in RECOMPUTE}
         return DeviceFigures(
             capacity_bytes=capacity,
             static_bytes=static,
@@ -122,7 +129,33 @@ class Measurement:
             fixed_s=fixed_s,
             per_sample_s=per_sample_s,
             max_micro_batch=max_m,
+            recompute=recompute,
         )
+
+    @staticmethod
+    def _fit(sizes: list[int], times: list[float]) -> tuple[float, float]:
+        if len(sizes) == 1:
+            return 0.0, times[0]
+        return fit_line([float(m) for m in sizes], times)
+
+    def _with_recompute(self, model: GPT, static: int, mode: str) -> dict[str, float]:
+        """Memory and time of a micro-batch when the model recomputes as ``mode`` says."""
+        set_recompute(model, mode)
+        plain = getattr(self.device, "pacing", None)
+        if plain is not None:  # a simulated device works longer by what it repeats
+            self.device.pacing = with_recompute(plain, self.preset, mode)  # type: ignore[attr-defined]
+        try:
+            per_sample = max(1, *(-(-(self._need(model, m) - static) // m) for m in MEMORY_SIZES))
+            sizes = [
+                m for m in MEMORY_SIZES if static + m * per_sample <= self.device.capacity_bytes
+            ]
+            sizes = sizes or [1]
+            fixed_s, per_sample_s = self._fit(sizes, [self._time(model, m) for m in sizes])
+        finally:
+            set_recompute(model, "none")
+            if plain is not None:
+                self.device.pacing = plain  # type: ignore[attr-defined]
+        return {"per_sample_bytes": per_sample, "per_sample_s": per_sample_s, "fixed_s": fixed_s}
 
     def _no_fit(self, capacity: int) -> DeviceFigures:
         """The model states alone exceed the device: reported, not measured."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -44,6 +44,17 @@ class Pacing:
 
     def target_s(self, micro_batch: int) -> float:
         return self.slowdown * self.host.time_s(micro_batch)
+
+
+def with_recompute(pacing: Pacing, preset: ModelPreset, mode: str) -> Pacing:
+    """A device that recomputes activations works longer by the forward work it repeats."""
+    if mode == "none":
+        return pacing
+    ratio = preset.flops_per_sample_with(mode) / preset.flops_per_sample  # type: ignore[arg-type]
+    host = HostCalibration(
+        fixed_s=pacing.host.fixed_s * ratio, per_sample_s=pacing.host.per_sample_s * ratio
+    )
+    return replace(pacing, host=host)
 
 
 def default_margin(num_devices: int, num_cpus: int) -> float:

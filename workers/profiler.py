@@ -42,7 +42,7 @@ from workers.pacing import Pacing, no_pacing, simulated_pacing
 from workers.pool import WorkerPool
 
 PROFILE_TIMEOUT_S = 600.0
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """Bump when the measurement changes, so old cache entries are not reused."""
 
 
@@ -200,7 +200,10 @@ def _device_doc(
 ) -> dict[str, Any]:
     figures = dict(result["figures"])
     max_m = figures.pop("max_micro_batch")
+    recompute = figures.pop("recompute", None)
     doc: dict[str, Any] = {"id": device_id, "node": node, "type": device_type, **figures}
+    if recompute:
+        doc["recompute"] = recompute
     if max_m >= 1:
         doc["micro_batch_limit"] = max_m
     layers = _non_negative(result.get("layers"))

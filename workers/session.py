@@ -182,7 +182,7 @@ def train(
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     on_recovery: Callable[[Recovery], None] | None = None,
 ) -> TrainResult:
-    """Train ``plan`` for ``steps`` steps and return the losses and timings.
+    """Train ``plan`` up to ``steps`` steps and return the losses and timings.
 
     One warm worker per active device of the plan (from ``pool``, or a
     temporary pool) joined into a fresh torch.distributed group, for every
@@ -194,11 +194,12 @@ def train(
     returns the final whole-model state (and rank 0's optimizer state for
     data-parallel plans).
 
-    Durable runs (:mod:`workers.job`): ``checkpointing`` writes plan-independent
-    checkpoints, ``restore`` starts from one (of any plan) at the step after
-    it, and with ``max_failures > 0`` a failed device is recovered from the
-    last checkpoint on the plan ``replan(lost devices)`` returns (by default
-    the same plan: a crashed worker is replaced, a lost device is not).
+    ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint
+    of any plan) it goes on at the step after the checkpoint's. Durable runs
+    (:mod:`workers.job`): ``checkpointing`` writes plan-independent
+    checkpoints, and with ``max_failures > 0`` a failed device is recovered
+    from the last checkpoint on the plan ``replan(lost devices)`` returns (by
+    default the same plan: a crashed worker is replaced, a lost device is not).
     """
     check_trainable(model)
     if steps < 0:
@@ -228,12 +229,14 @@ def train(
     pool = pool or WorkerPool(cluster, simulated=simulated)
     try:
         if checkpointing is None:
+            start = restore.step + 1 if restore is not None else 0
             return driver.run(
                 pool,
                 run_spec=run_spec,
                 ranks=ranks_of(plan),
                 plan=plan,
-                steps=steps,
+                steps=max(0, steps - start),
+                start_step=start,
                 restore=restore,
                 on_step=on_step,
                 should_stop=should_stop,
@@ -244,9 +247,7 @@ def train(
             run_spec=run_spec,
             plan=plan,
             steps=steps,
-            ranks_of=lambda p: make_ranks(
-                p, preset=model, pacing_of=pacing_of, cache_dir=cache_dir
-            ),
+            ranks_of=ranks_of,
             replan=replan or (lambda lost: plan),
             checkpointing=checkpointing,
             max_failures=max_failures,

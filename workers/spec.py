@@ -25,7 +25,7 @@ from scheduler.models import ModelPreset
 from scheduler.plan import DP_STRATEGIES, DevicePlan, Plan
 from workers.errors import WorkerError
 from workers.layer_profile import host_layers, stage_host
-from workers.pacing import Pacing, PacingOf
+from workers.pacing import Pacing, PacingOf, with_recompute
 from workers.records import OptimizerConfig
 from workers.stages import SyncGroup, ordered_stages, sync_groups
 
@@ -91,6 +91,9 @@ class RankSpec:
     """Simulated devices only: host time of what this rank computes, stretched."""
     stage: StageRole | None = None
     """None: the whole model (data parallelism)."""
+    recompute: str = "none"
+    """Activation recomputation the plan chose for this device (``none``, ``selective``,
+    ``full``: :func:`workers.engine.set_recompute`)."""
 
 
 def needs_pipeline(plan: Plan) -> bool:
@@ -115,6 +118,8 @@ def make_ranks(
                 pieces, num_blocks=role.last - role.first, embed=role.is_first, head=role.is_last
             )
             pacing = replace(pacing, host=host)
+        if pacing is not None:
+            pacing = with_recompute(pacing, preset, d.recompute)
         ranks.append(
             RankSpec(
                 device_id=d.id,
@@ -127,6 +132,7 @@ def make_ranks(
                 capacity_bytes=capacity,
                 pacing=pacing,
                 stage=role,
+                recompute=d.recompute,
             )
         )
     return ranks

@@ -36,6 +36,12 @@ def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeyp
     assert profile.gradient_bytes == 4 * (TINY.num_params + 1)
     assert profile.links == CLUSTER.links
 
+    # Recomputation, measured: full keeps far less per sample and takes longer.
+    assert a100.full is not None and a100.selective is not None
+    assert a100.full.per_sample_bytes < 0.5 * a100.per_sample_bytes
+    assert a100.selective.per_sample_bytes < a100.per_sample_bytes
+    assert a100.full.per_sample_s > a100.per_sample_s
+
     pool = WorkerPool(CLUSTER, simulated=True)
     again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     assert again == profile
