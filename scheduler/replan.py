@@ -203,6 +203,8 @@ def decide_replan(
         return settings.in_place_cost_s if in_place else switch_cost_s
 
     def net_s(plan: Plan) -> float:
+        if lost:  # every candidate restarts: the fastest wins
+            return -plan.predicted_step_s
         return (old_step_s - plan.predicted_step_s) * steps_left - cost_of(plan)
 
     # in place first: it wins ties, and a slightly faster plan that needs a checkpoint

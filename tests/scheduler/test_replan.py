@@ -33,6 +33,7 @@ from scheduler.replan import (
     live_profile,
     predict_step_s,
     predicted_busy_s,
+    switches_in_place,
 )
 
 GLOBAL_BATCH = 64
@@ -384,16 +385,27 @@ def test_a_pipeline_switch_must_pay_for_its_checkpoint() -> None:
     )
 
 
-def test_auto_may_change_strategy_and_then_goes_through_a_checkpoint() -> None:
+def test_only_dp_plans_over_running_devices_switch_in_place() -> None:
+    profile = local_sim()
+    dp = make_plan(profile, GLOBAL_BATCH, "dp")  # gpt-tiny: node-a alone, no inter-node ring
+    node_a = profile.subset(["node-a/0", "node-a/1"])
+    assert switches_in_place(dp, make_plan(node_a, GLOBAL_BATCH, "proportional"))
+    assert switches_in_place(dp, make_plan(profile.subset(["node-a/1"]), GLOBAL_BATCH, "dp"))
+    assert not switches_in_place(dp, make_plan(profile, GLOBAL_BATCH, "even")), "node-b joins"
+    pp = make_plan(node_a, GLOBAL_BATCH, "pp")
+    assert not switches_in_place(dp, pp) and not switches_in_place(pp, pp)
+
+
+def test_auto_replans_with_the_auto_rules() -> None:
     profile = big_mixed()
     plan = make_plan(profile, 256, "auto")
-    slow_all = {d.id: 4.0 for d in profile.devices if d.node != "n0"}
-    live = live_profile(profile, slow_all)
+    live = live_profile(profile, {d.id: 4.0 for d in profile.devices if d.node != "n0"})
     decision = decide_replan(
         plan, live, global_batch=256, strategy="auto", steps_left=10_000, switch_cost_s=0.0
     )
-    if decision.new_plan.strategy != plan.strategy:
-        assert not decision.in_place
+    assert decision.new_plan.predicted_step_s == make_plan(live, 256, "auto").predicted_step_s
+    assert decision.switch and not decision.in_place
+    assert decision.new_step_s < decision.old_step_s
 
 
 def test_a_lost_device_forces_a_switch_and_the_record_is_json() -> None:
@@ -424,3 +436,47 @@ def test_the_record_says_which_device_changed_by_how_much() -> None:
     assert record["predicted_gain_s"] > 0
     assert record["predicted_new_step_s"] < record["predicted_old_step_s"]
     assert record["new_plan"]["global_batch"] == GLOBAL_BATCH
+
+
+def test_a_pipeline_stage_slowed_3x_is_reported_once_and_replanned_through_a_checkpoint() -> None:
+    profile = big_mixed()
+    plan = make_plan(profile, GLOBAL_BATCH, "pp")
+    busiest = max(plan.active, key=lambda d: d.busy_s).id
+    run = drive(profile, [f"{busiest}@10:slow=3"], steps=60, strategy="pp", switch_cost_s=5.0)
+    assert [c.device for c in run.changes] == [busiest]
+    assert run.changes[0].step <= 10 + SpeedSettings().window_steps
+    decision = run.decisions[0]
+    assert decision.switch and not decision.in_place
+    assert decision.switch_cost_s == 5.0
+    assert decision.gain_s > decision.switch_cost_s
+    assert run.plans[-1].strategy == "pp" and run.plans[-1].global_batch == GLOBAL_BATCH
+
+
+def test_no_steps_left_means_no_switch_unless_a_device_is_lost() -> None:
+    profile = local_sim()
+    plan = make_plan(profile, GLOBAL_BATCH, "dp")
+    live = live_profile(profile, {fastest(profile): 3.0})
+    decision = decide_replan(
+        plan, live, global_batch=GLOBAL_BATCH, strategy="dp", steps_left=0, switch_cost_s=5.0
+    )
+    assert not decision.switch and decision.plan is plan
+
+
+@pytest.mark.parametrize(
+    ("field_name", "value"), [("min_relative_gain", -0.1), ("in_place_cost_s", -1.0)]
+)
+def test_replan_settings_name_the_bad_field(field_name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"^{field_name}: must be"):
+        ReplanSettings(**{field_name: value})  # type: ignore[arg-type]
+
+
+def test_after_a_loss_the_fastest_plan_on_the_rest_is_chosen() -> None:
+    profile = local_sim()
+    plan = make_plan(profile, GLOBAL_BATCH, "dp")  # node-a/0 and node-a/1
+    live = profile.subset(["node-a/1", "node-b/0", "node-b/1"])
+    decision = decide_replan(
+        plan, live, global_batch=GLOBAL_BATCH, strategy="dp", steps_left=100, switch_cost_s=5.0
+    )
+    assert decision.lost == ("node-a/0",)
+    assert decision.new_step_s == make_plan(live, GLOBAL_BATCH, "dp").predicted_step_s
+    assert "node-a/0 lost" in decision.reason
