@@ -37,7 +37,7 @@ FaultKind = Literal["crash", "lost", "slow", "restore"]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_SYNTAX = "DEVICE@STEP:KIND with KIND one of crash, lost, slow=FACTOR, restore"
 _FAULT_RE = re.compile(
-    r"^(?P<device>[^@\s]+)@(?P<step>[^:\s]+):(?P<kind>[a-z]+)(?:=(?P<factor>\S+))?$"
+    r"^(?P<device>[^@\s]+)@(?P<step>[^:\s]+):(?P<kind>[A-Za-z]+)(?:=(?P<factor>\S+))?$"
 )
 
 
@@ -128,6 +128,7 @@ def parse_fault(text: str, known_ids: Collection[str] | None = None) -> Fault:
     if match is None:
         raise SpecError(f"{where}: expected {FAULT_SYNTAX}, e.g. node-a/0@10:slow=3")
     device, step, kind, factor = match.group("device", "step", "kind", "factor")
+    kind = kind.lower()
     _check_device(where, device, known_ids)
     if not step.isdigit():
         raise SpecError(f"{where}: STEP must be an integer >= 0, got {step!r}")

@@ -177,7 +177,7 @@ def _same_split(a: Plan, b: Plan) -> bool:
 
 def decide_replan(
     current_plan: Plan,
-    live: Profile,
+    live_profile: Profile,
     *,
     global_batch: int,
     strategy: str,
@@ -187,7 +187,7 @@ def decide_replan(
     changes: Sequence[SpeedChange] = (),
     settings: ReplanSettings | None = None,
 ) -> ReplanDecision:
-    """Plan ``global_batch`` under ``live`` and decide whether to switch (module docstring).
+    """Plan ``global_batch`` under ``live_profile`` and decide whether to switch (module docstring).
 
     ``strategy`` is what the job asked for (``auto`` may pick another concrete
     strategy); ``switch_cost_s`` the checkpoint-and-restart seconds of a switch
@@ -195,6 +195,7 @@ def decide_replan(
     when nothing fits the live profile.
     """
     settings = settings or ReplanSettings()
+    live = live_profile
     lost = tuple(missing_devices(current_plan, live))
     old_step_s = math.inf if lost else predict_step_s(current_plan, live)
 

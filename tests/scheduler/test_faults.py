@@ -132,6 +132,7 @@ def test_faults_must_be_a_list() -> None:
         ("node-a/0@10:slow=0.5", Fault(device="node-a/0", at_step=10, kind="slow", factor=0.5)),
         ("node-a/0@30:restore", Fault(device="node-a/0", at_step=30, kind="restore")),
         ("node-a/1@0:crash", Fault(device="node-a/1", at_step=0, kind="crash")),
+        (" node-a/1@7:Lost ", Fault(device="node-a/1", at_step=7, kind="lost")),
     ],
 )
 def test_parse_fault_reads_the_command_line_form(text: str, fault: Fault) -> None:
