@@ -140,6 +140,16 @@ class Engine(ABC):
             ),
         )
 
+    def reshard(self, rank: RankSpec) -> None:
+        """Take another share of the global batch; the model and optimizer stay."""
+        if rank.stage is not None or self.rank.stage is not None:
+            raise RuntimeError("pipeline stages change through a checkpoint, not in place")
+        self.rank = rank
+        self.sizes = micro_batch_sizes(rank.samples, rank.accum_steps)
+        set_recompute(self.model, rank.recompute)
+        if rank.pacing is not None and hasattr(self.device, "pacing"):
+            self.device.pacing = rank.pacing
+
     def save_part(self, uri: str, part: str) -> list[str]:
         """Write this rank's model and optimizer slice into checkpoint ``uri``."""
         return write_part(uri, part, part_tensors(self.model, self.optimizer))
@@ -208,6 +218,8 @@ class DataParallelEngine(Engine):
                 after=start_all_reduce if last else None,
                 while_paced=update_when_reduced if last else None,
             )
+        if not work:  # no samples in this plan: add zeros, keep the group in lockstep
+            start_all_reduce()
         usage = device.finish_step()
         wait_start = time.perf_counter()
         if not updated:  # a real GPU, or a device whose peers were still computing

@@ -108,6 +108,16 @@ class DeviceWorker:
                 device.capacity_bytes,
             ) from exc
 
+    def reshard(self, rank: RankSpec) -> None:
+        """Take another share of the batch between two steps (an in-place re-plan)."""
+        self._engine().reshard(rank)
+
+    def set_slowdown(self, factor: float) -> None:
+        """A simulated device runs ``factor`` times slower from now on (fault injection)."""
+        device = self._engine().device
+        if isinstance(device, SimulatedDevice):
+            device.slowdown = factor
+
     def save_checkpoint(self, uri: str, part: str) -> tuple[list[str], int]:
         """Write this rank's part of a checkpoint; the names it holds and AdamW's step count."""
         engine = self._engine()
