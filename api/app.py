@@ -137,6 +137,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if state.executor is not None:
                 state.executor.shutdown()
             state.store.engine.dispose()
+            if state.handle.local_ray is not None:
+                state.handle.local_ray.stop()
 
     app = FastAPI(
         title="hetsched",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api.local_ray import LocalRaySession
 from api.schemas import ModelDims
 from api.settings import Settings
 from api.store import JobStore, ProfileRecord
@@ -46,6 +47,8 @@ class ClusterHandle:
     message: str = ""
     simulated: bool = True
     ray_address: str | None = None
+    local_ray: LocalRaySession | None = None
+    """Set when this service started the local Ray: it stops it when it stops."""
 
 
 def connect_cluster(settings: Settings) -> ClusterHandle:
@@ -85,15 +88,20 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
             available=False,
             message="local Ray not started (HETSCHED_START_RAY=false)",
         )
+    session = LocalRaySession(settings.data_dir)
+    session.reap_predecessor()
     try:
         from workers.session import start_local_ray
 
-        start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
+        started = start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
     except Exception as exc:
         return ClusterHandle(
             cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
         )
-    return ClusterHandle(cluster=cluster, available=True)
+    if not started:  # Ray was already up in this process (a test's): not ours to stop
+        return ClusterHandle(cluster=cluster, available=True)
+    session.record()
+    return ClusterHandle(cluster=cluster, available=True, local_ray=session)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:
