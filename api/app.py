@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from api.db import make_engine
 from api.deps import AppState
 from api.executor import Executor
-from api.routes import api_router, health, metrics
+from api.routes import api_router, docs, health, metrics
 from api.services import ClusterHandle, ClusterUnavailable, Profiler, connect_cluster
 from api.settings import Settings
 from api.store import JobStore
@@ -146,13 +146,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # FastAPI's pages load from a CDN; api/routes/docs.py serves them offline
+        redoc_url=None,
     )
     install_error_handlers(app)
     _document_errors_as_one_line(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    docs.add_docs(app, openapi_url=f"{API_PREFIX}/openapi.json")
     _add_dashboard(app)
     return app
 
