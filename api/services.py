@@ -40,6 +40,11 @@ class ClusterUnavailable(HetschedError):
     """The request needs the cluster, which cannot be reached (HTTP 409)."""
 
 
+class NotOnServer(HetschedError):
+    """A well-formed request names what this server does not have now: a device id its
+    cluster lacks, a dataset file missing from its data directory (HTTP 409)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ClusterHandle:
     cluster: Cluster | None
@@ -146,7 +151,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
     """The devices a job asks for (all when ``None``); unknown ids name the known ones."""
     if handle.cluster is None:
         if device_ids:
-            raise HetschedError(f"devices: the cluster is unavailable ({handle.message})")
+            raise ClusterUnavailable(f"devices: the cluster is unavailable ({handle.message})")
         return []
     known = handle.cluster.ids
     if device_ids is None:
@@ -157,7 +162,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
         raise HetschedError("devices: lists a device twice")
     for device_id in device_ids:
         if device_id not in known:
-            raise HetschedError(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
+            raise NotOnServer(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
     return [d for d in known if d in set(device_ids)]
 
 
@@ -174,12 +179,12 @@ def resolve_dataset(data_dir: Path, name: str, *, seq_len: int) -> Path | None:
         )
     if not path.is_file():
         known = ", ".join(list_datasets(data_dir))
-        raise HetschedError(
+        raise NotOnServer(
             f"dataset: no file {name!r} in the server's data directory {root}; give one of: {known}"
         )
     size = path.stat().st_size
     if size < seq_len + 1:
-        raise HetschedError(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
+        raise NotOnServer(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
     return path
 
 

@@ -46,7 +46,10 @@ ERRORS = {
     responses={
         200: {"model": JobPublic, "description": "Known submission_id"},
         401: ERRORS[401],
-        409: {"model": ErrorPublic, "description": "The model fits no device"},
+        409: {
+            "model": ErrorPublic,
+            "description": "The model fits no device, or a device id or dataset the server lacks",
+        },
     },
 )
 def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
