@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from api.states import TERMINAL_STATES, JobState
 from scheduler import planner
 from scheduler.models import PRESETS
 
@@ -124,19 +124,6 @@ StrategyName = Annotated[
     Field(json_schema_extra={"enum": list(allowed_strategies())}),
     AfterValidator(_strategy),
 ]
-
-
-class JobState(StrEnum):
-    """Job states as Ray's job API has them; the last three are terminal."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-
-TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED})
 
 
 class _In(BaseModel):
@@ -430,12 +417,14 @@ class ErrorPublic(BaseModel):
 
 
 class Options(BaseModel):
-    """What a submit form may offer."""
+    """What a submit form may offer, and the job states a client may see."""
 
     models: list[str]
     strategies: list[str]
     datasets: list[str]
     devices: list[str]
+    job_states: list[JobState] = list(JobState)
+    terminal_states: list[JobState] = sorted(TERMINAL_STATES)
 
 
 class Health(BaseModel):

@@ -22,15 +22,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.db import JobRow, LogRow, ProfileRow, StepRow
+from api.states import TERMINAL_STATES, JobState
 
-PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
-    "PENDING",
-    "RUNNING",
-    "STOPPED",
-    "SUCCEEDED",
-    "FAILED",
-)
-TERMINAL = (STOPPED, SUCCEEDED, FAILED)
+# Short names for the states of api/states.py (the executor uses them).
+PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
+STOPPED, SUCCEEDED, FAILED = JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED
+TERMINAL = TERMINAL_STATES
 RESTART_MESSAGE = "control plane restarted while the job was running"
 
 
@@ -52,7 +49,7 @@ class JobRecord:
     model_name: str
     submission_id: str | None
     spec: dict[str, Any]
-    state: str
+    state: JobState
     message: str
     devices: list[str]
     plan: dict[str, Any] | None
@@ -69,7 +66,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +103,7 @@ def _job(row: JobRow) -> JobRecord:
         model_name=row.model_name,
         submission_id=row.submission_id,
         spec=json.loads(row.spec_json),
-        state=row.state,
+        state=JobState(row.state),
         message=row.message,
         devices=json.loads(row.devices_json),
         plan=json.loads(row.plan_json) if row.plan_json else None,
@@ -188,7 +185,7 @@ class JobStore:
             return _job(row) if row is not None else None
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 100, offset: int = 0
+        self, *, state: JobState | None = None, limit: int = 100, offset: int = 0
     ) -> tuple[list[JobRecord], int]:
         """Newest first; ``count`` is over all pages."""
         with self._tx() as session:
@@ -211,11 +208,11 @@ class JobStore:
     def count_by_state(self) -> dict[str, int]:
         with self._tx() as session:
             rows = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
-            counts = {state: 0 for state in (PENDING, RUNNING, *TERMINAL)}
+            counts = {str(state): 0 for state in JobState}
             counts.update({state: int(n) for state, n in rows})
             return counts
 
-    def _transition(self, job_id: str, from_states: Iterable[str], **values: Any) -> bool:
+    def _transition(self, job_id: str, from_states: Iterable[JobState], **values: Any) -> bool:
         with self._tx() as session:
             result = session.execute(
                 update(JobRow)
@@ -249,7 +246,7 @@ class JobStore:
             message="training",
         )
 
-    def finish(self, job_id: str, state: str, message: str) -> bool:
+    def finish(self, job_id: str, state: JobState, message: str) -> bool:
         """Move a non-terminal job to a terminal ``state``; False when already terminal."""
         assert state in TERMINAL
         return self._transition(

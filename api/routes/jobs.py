@@ -86,7 +86,7 @@ def list_jobs(
     state: JobState | None = None,
 ) -> JobsPublic:
     """Jobs, newest first; ``count`` is the number matching over all pages."""
-    jobs, count = store.list_jobs(state=state.value if state else None, limit=limit, offset=offset)
+    jobs, count = store.list_jobs(state=state, limit=limit, offset=offset)
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 
