@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 log = logging.getLogger("hetsched.ray")
 RECORD_NAME = "ray-processes.json"

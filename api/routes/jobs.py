@@ -15,7 +15,6 @@ from api.schemas import (
     JobMetricsPublic,
     JobPublic,
     JobsPublic,
-    JobState,
     LogLine,
     Message,
     StepPublic,
@@ -27,6 +26,7 @@ from api.services import (
     model_from_ref,
     resolve_dataset,
 )
+from api.states import JobState
 from api.views import job_public
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -68,7 +68,7 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
     job, created = state.store.create_job(
         name=spec.name,
         model_name=model.name,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         submission_id=spec.submission_id,
     )
     if not created:
