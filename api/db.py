@@ -30,6 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from api.migrate import upgrade
+
 
 class Base(DeclarativeBase):
     pass
@@ -101,7 +103,8 @@ class ProfileRow(Base):
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the tables created; SQLite gets WAL and foreign keys."""
+    """An engine for ``url``, its schema migrated to the newest revision (api/migrate.py);
+    SQLite gets WAL and foreign keys."""
     is_sqlite = url.startswith("sqlite")
     connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
@@ -115,5 +118,5 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
 
-    Base.metadata.create_all(engine)
+    upgrade(engine)
     return engine

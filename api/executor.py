@@ -122,7 +122,7 @@ class Executor:
             if self.handle.cluster is None or not self.handle.available:
                 self._wait(job, f"waiting: cluster unavailable ({self.handle.message})")
                 continue
-            wanted = job.spec.get("devices") or self.handle.cluster.ids
+            wanted = job.spec.devices or self.handle.cluster.ids
             taken = {d: reserved[d] for d in wanted if d in reserved}
             if taken:
                 holders = sorted(set(taken.values()))
@@ -173,15 +173,15 @@ class Executor:
         from workers.session import OptimizerConfig, StepMetrics, train
 
         spec = job.spec
-        model = model_from_ref(spec["model"])
+        model = model_from_ref(spec.model)
         self.store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
         self._check_stop(job.id, live)
         if live.stop.is_set():
             return self._stopped(0)
         profile = self.profiler.measure(model, live.devices)
-        plan = make_plan(profile, int(spec["global_batch"]), str(spec["strategy"]))
+        plan = make_plan(profile, spec.global_batch, spec.strategy)
         active = [d.id for d in plan.active]
-        self.store.set_plan(job.id, plan.to_dict(), active)
+        self.store.set_plan(job.id, plan, active)
         self.store.log(job.id, "INFO", plan_summary(plan))
         for excluded in plan.excluded:
             self.store.log(job.id, "WARNING", f"{excluded.id} left out: {excluded.reason}")
@@ -194,13 +194,9 @@ class Executor:
         self._check_stop(job.id, live)
         if live.stop.is_set():
             return self._stopped(0)
-        dataset = resolve_dataset(
-            self.settings.data_dir, str(spec["dataset"]), seq_len=model.seq_len
-        )
-        optimizer = OptimizerConfig(
-            lr=float(spec["optimizer"]["lr"]), weight_decay=float(spec["optimizer"]["weight_decay"])
-        )
-        steps = int(spec["steps"])
+        dataset = resolve_dataset(self.settings.data_dir, spec.dataset, seq_len=model.seq_len)
+        optimizer = OptimizerConfig(lr=spec.optimizer.lr, weight_decay=spec.optimizer.weight_decay)
+        steps = spec.steps
         step_times: list[float] = []
         every = max(1, steps // 20)
 
@@ -238,7 +234,7 @@ class Executor:
             model=model,
             plan=plan,
             steps=steps,
-            seed=int(spec["seed"]),
+            seed=spec.seed,
             dataset=dataset,
             optimizer=optimizer,
             simulated=self.handle.simulated,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api.local_ray import LocalRaySession
 from api.schemas import ModelDims
 from api.settings import Settings
 from api.store import JobStore, ProfileRecord
@@ -39,6 +40,11 @@ class ClusterUnavailable(HetschedError):
     """The request needs the cluster, which cannot be reached (HTTP 409)."""
 
 
+class NotOnServer(HetschedError):
+    """A well-formed request names what this server does not have now: a device id its
+    cluster lacks, a dataset file missing from its data directory (HTTP 409)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ClusterHandle:
     cluster: Cluster | None
@@ -48,6 +54,8 @@ class ClusterHandle:
     ray_address: str | None = None
     pool: Any = None
     """The warm workers (:class:`workers.pool.WorkerPool`) when the cluster is available."""
+    local_ray: LocalRaySession | None = None
+    """Set when this service started the local Ray: it stops it when it stops."""
 
     def warm(self) -> None:
         """Start every device's worker now, so the first job starts warm (errors logged)."""
@@ -59,9 +67,11 @@ class ClusterHandle:
             log.warning("could not warm the device workers: %s", _one_line(exc))
 
     def close(self) -> None:
-        """Stop the warm workers (the service is stopping)."""
+        """Stop the warm workers, then the local Ray this service started, if any."""
         if self.pool is not None:
             self.pool.shutdown()
+        if self.local_ray is not None:
+            self.local_ray.stop()
 
 
 def connect_cluster(settings: Settings) -> ClusterHandle:
@@ -106,15 +116,21 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
             available=False,
             message="local Ray not started (HETSCHED_START_RAY=false)",
         )
+    session = LocalRaySession(settings.data_dir)
+    session.reap_predecessor()
     try:
         from workers.session import WorkerPool, start_local_ray
 
-        start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
+        started = start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
     except Exception as exc:
         return ClusterHandle(
             cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
         )
-    return ClusterHandle(cluster=cluster, available=True, pool=WorkerPool(cluster, simulated=True))
+    pool = WorkerPool(cluster, simulated=True)
+    if not started:  # Ray was already up in this process (a test's): not ours to stop
+        return ClusterHandle(cluster=cluster, available=True, pool=pool)
+    session.record()
+    return ClusterHandle(cluster=cluster, available=True, local_ray=session, pool=pool)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:
@@ -159,7 +175,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
     """The devices a job asks for (all when ``None``); unknown ids name the known ones."""
     if handle.cluster is None:
         if device_ids:
-            raise HetschedError(f"devices: the cluster is unavailable ({handle.message})")
+            raise ClusterUnavailable(f"devices: the cluster is unavailable ({handle.message})")
         return []
     known = handle.cluster.ids
     if device_ids is None:
@@ -170,7 +186,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
         raise HetschedError("devices: lists a device twice")
     for device_id in device_ids:
         if device_id not in known:
-            raise HetschedError(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
+            raise NotOnServer(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
     return [d for d in known if d in set(device_ids)]
 
 
@@ -187,12 +203,12 @@ def resolve_dataset(data_dir: Path, name: str, *, seq_len: int) -> Path | None:
         )
     if not path.is_file():
         known = ", ".join(list_datasets(data_dir))
-        raise HetschedError(
+        raise NotOnServer(
             f"dataset: no file {name!r} in the server's data directory {root}; give one of: {known}"
         )
     size = path.stat().st_size
     if size < seq_len + 1:
-        raise HetschedError(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
+        raise NotOnServer(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
     return path
 
 

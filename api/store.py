@@ -22,15 +22,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.db import JobRow, LogRow, ProfileRow, StepRow
+from api.schemas import JobCreate
+from api.states import TERMINAL_STATES, JobState
+from scheduler.plan import Plan, plan_from_dict
 
-PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
-    "PENDING",
-    "RUNNING",
-    "STOPPED",
-    "SUCCEEDED",
-    "FAILED",
-)
-TERMINAL = (STOPPED, SUCCEEDED, FAILED)
+# Short names for the states of api/states.py (the executor uses them).
+PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
+STOPPED, SUCCEEDED, FAILED = JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED
+TERMINAL = TERMINAL_STATES
 RESTART_MESSAGE = "control plane restarted while the job was running"
 
 
@@ -51,11 +50,12 @@ class JobRecord:
     name: str
     model_name: str
     submission_id: str | None
-    spec: dict[str, Any]
-    state: str
+    spec: JobCreate
+    """The job as submitted, parsed once here; nothing downstream reads the JSON."""
+    state: JobState
     message: str
     devices: list[str]
-    plan: dict[str, Any] | None
+    plan: Plan | None
     steps: int
     global_batch: int
     steps_done: int
@@ -69,7 +69,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,11 +105,11 @@ def _job(row: JobRow) -> JobRecord:
         name=row.name,
         model_name=row.model_name,
         submission_id=row.submission_id,
-        spec=json.loads(row.spec_json),
-        state=row.state,
+        spec=JobCreate.model_validate_json(row.spec_json),
+        state=JobState(row.state),
         message=row.message,
         devices=json.loads(row.devices_json),
-        plan=json.loads(row.plan_json) if row.plan_json else None,
+        plan=plan_from_dict(json.loads(row.plan_json)) if row.plan_json else None,
         steps=row.steps,
         global_batch=row.global_batch,
         steps_done=row.steps_done,
@@ -138,7 +138,7 @@ class JobStore:
         *,
         name: str,
         model_name: str,
-        spec: dict[str, Any],
+        spec: JobCreate,
         submission_id: str | None,
     ) -> tuple[JobRecord, bool]:
         """Store a PENDING job; with a known ``submission_id`` return that job instead.
@@ -154,12 +154,12 @@ class JobStore:
             name=name,
             model_name=model_name,
             submission_id=submission_id,
-            spec_json=json.dumps(spec),
+            spec_json=spec.model_dump_json(),
             state=PENDING,
             message="queued",
             devices_json="[]",
-            steps=int(spec["steps"]),
-            global_batch=int(spec["global_batch"]),
+            steps=spec.steps,
+            global_batch=spec.global_batch,
             steps_done=0,
             stop_requested=False,
             created_at=now(),
@@ -188,7 +188,7 @@ class JobStore:
             return _job(row) if row is not None else None
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 100, offset: int = 0
+        self, *, state: JobState | None = None, limit: int = 100, offset: int = 0
     ) -> tuple[list[JobRecord], int]:
         """Newest first; ``count`` is over all pages."""
         with self._tx() as session:
@@ -211,11 +211,11 @@ class JobStore:
     def count_by_state(self) -> dict[str, int]:
         with self._tx() as session:
             rows = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
-            counts = {state: 0 for state in (PENDING, RUNNING, *TERMINAL)}
+            counts = {str(state): 0 for state in JobState}
             counts.update({state: int(n) for state, n in rows})
             return counts
 
-    def _transition(self, job_id: str, from_states: Iterable[str], **values: Any) -> bool:
+    def _transition(self, job_id: str, from_states: Iterable[JobState], **values: Any) -> bool:
         with self._tx() as session:
             result = session.execute(
                 update(JobRow)
@@ -238,20 +238,21 @@ class JobStore:
             message="profiling",
         )
 
-    def set_plan(self, job_id: str, plan: dict[str, Any], devices: list[str]) -> None:
+    def set_plan(self, job_id: str, plan: Plan, devices: list[str]) -> None:
         """Store the plan and the devices it uses (the others are handed back)."""
         self._transition(
             job_id,
             [RUNNING],
-            plan_json=json.dumps(plan),
+            plan_json=json.dumps(plan.to_dict()),
             devices_json=json.dumps(devices),
-            predicted_step_s=float(plan["predicted_step_s"]),
+            predicted_step_s=plan.predicted_step_s,
             message="training",
         )
 
-    def finish(self, job_id: str, state: str, message: str) -> bool:
+    def finish(self, job_id: str, state: JobState | str, message: str) -> bool:
         """Move a non-terminal job to a terminal ``state``; False when already terminal."""
-        assert state in TERMINAL
+        state = JobState(state)
+        assert state.terminal
         return self._transition(
             job_id, [PENDING, RUNNING], state=state, message=message, ended_at=now()
         )

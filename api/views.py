@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from api.executor import Executor
 from api.schemas import (
     ClusterPublic,
     DevicePublic,
-    JobCreate,
     JobPublic,
-    JobState,
     MeasuredSpeed,
     NodePublic,
     PlanPublic,
@@ -19,10 +17,11 @@ from api.schemas import (
 from api.services import ClusterHandle
 from api.store import JobRecord, JobStore, ProfileRecord
 from scheduler.capacity import usable_capacity_bytes
+from scheduler.plan import Plan
 
 
-def plan_public(plan: dict[str, Any]) -> PlanPublic:
-    return PlanPublic.model_validate(plan)
+def plan_public(plan: Plan) -> PlanPublic:
+    return PlanPublic.model_validate(plan.to_dict())
 
 
 def job_public(job: JobRecord) -> JobPublic:
@@ -33,9 +32,9 @@ def job_public(job: JobRecord) -> JobPublic:
         id=job.id,
         name=job.name,
         model_name=job.model_name,
-        state=JobState(job.state),
+        state=job.state,
         message=job.message,
-        spec=JobCreate.model_validate(job.spec),
+        spec=job.spec,
         submission_id=job.submission_id,
         devices=job.devices,
         plan=plan_public(job.plan) if job.plan else None,

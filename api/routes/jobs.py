@@ -15,7 +15,6 @@ from api.schemas import (
     JobMetricsPublic,
     JobPublic,
     JobsPublic,
-    JobState,
     LogLine,
     Message,
     StepPublic,
@@ -27,6 +26,7 @@ from api.services import (
     model_from_ref,
     resolve_dataset,
 )
+from api.states import JobState
 from api.views import job_public
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -46,7 +46,10 @@ ERRORS = {
     responses={
         200: {"model": JobPublic, "description": "Known submission_id"},
         401: ERRORS[401],
-        409: {"model": ErrorPublic, "description": "The model fits no device"},
+        409: {
+            "model": ErrorPublic,
+            "description": "The model fits no device, or a device id or dataset the server lacks",
+        },
     },
 )
 def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
@@ -65,7 +68,7 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
     job, created = state.store.create_job(
         name=spec.name,
         model_name=model.name,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         submission_id=spec.submission_id,
     )
     if not created:
@@ -83,7 +86,7 @@ def list_jobs(
     state: JobState | None = None,
 ) -> JobsPublic:
     """Jobs, newest first; ``count`` is the number matching over all pages."""
-    jobs, count = store.list_jobs(state=state.value if state else None, limit=limit, offset=offset)
+    jobs, count = store.list_jobs(state=state, limit=limit, offset=offset)
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 

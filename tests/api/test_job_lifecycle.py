@@ -116,7 +116,7 @@ def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> Non
         preview = client.post("/api/v1/plans", json={"global_batch": 16, "strategy": "dp"}).json()
         assert preview["profile_source"] == "measured"
         assert preview["plan"]["devices"] == plan["devices"]  # same profile, same split
-        assert 'hetsched_jobs{state="SUCCEEDED"} 1' in client.get("/metrics").text
+        assert 'hetsched_jobs{state="SUCCEEDED"} 1.0' in client.get("/metrics").text
         assert client.delete(f"{JOBS}/{job['id']}").status_code == 200
 
 
@@ -152,7 +152,7 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
         refused = client.delete(f"{JOBS}/{a['id']}")
         assert refused.status_code == 409 and "RUNNING" in refused.json()["detail"]
         text = client.get("/metrics").text
-        assert 'hetsched_jobs{state="RUNNING"} 2' in text
+        assert 'hetsched_jobs{state="RUNNING"} 2.0' in text
         assert f'hetsched_job_step_seconds{{job="{a["id"]}"}}' in text
         holders = {
             d["id"]: d["job_id"]

@@ -9,9 +9,9 @@ import {
 } from "./format.js";
 import { refreshCluster, state as overview, strategyText } from "./overview.js";
 import { planSummary, renderPlan } from "./plan.js";
+import { TERMINAL } from "./states.js";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
 const POLL_MS = 1000;
 const STRATEGY_NAMES = {
   dp: "Optimal split", even: "Even split", proportional: "Proportional split",
