@@ -33,12 +33,11 @@ from api.services import (
     Profiler,
     connect_cluster,
 )
-from api.settings import Settings
+from api.settings import API_PREFIX, Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError, PlanError
 
 log = logging.getLogger("hetsched.api")
-API_PREFIX = "/api/v1"
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -117,9 +116,14 @@ def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHan
 def build_state(settings: Settings) -> AppState:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(make_engine(settings.database_url))
-    failed = store.fail_interrupted()
-    if failed:
-        log.warning("marked %d interrupted job(s) FAILED: %s", len(failed), ", ".join(failed))
+    interrupted = store.running()
+    if interrupted:
+        log.warning(
+            "%d job(s) were running when the service stopped; they resume from their "
+            "last checkpoint: %s",
+            len(interrupted),
+            ", ".join(j.id for j in interrupted),
+        )
     handle = _keeping_signal_handlers(lambda: connect_cluster(settings))
     if not handle.available:
         log.warning("cluster unavailable: %s", handle.message)

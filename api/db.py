@@ -102,6 +102,32 @@ class ProfileRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class EventRow(Base):
+    """What changed a running job's plan: a recovery, a re-plan, a restart of the service."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int] = mapped_column(Integer)
+    data_json: Mapped[str] = mapped_column(Text)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uri: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``, its schema migrated to the newest revision (api/migrate.py);
     SQLite gets WAL and foreign keys."""

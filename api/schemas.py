@@ -175,10 +175,25 @@ TrainableModelRef = Annotated[
 
 
 class OptimizerSpec(_In):
-    """AdamW settings."""
+    """AdamW settings, the learning-rate schedule and gradient clipping."""
 
     lr: float = Field(default=3e-3, gt=0, le=10, allow_inf_nan=False)
     weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    warmup_steps: int = Field(default=0, ge=0, le=1_000_000, description="Linear warm-up.")
+    decay_steps: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Cosine decay ends at this step; 0 keeps the rate after the warm-up.",
+    )
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
+    grad_clip: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Largest global gradient norm (over every device and stage); null: off.",
+    )
 
 
 class PlanCreate(_In):
@@ -205,11 +220,48 @@ class JobCreate(PlanCreate):
     steps: int = Field(default=20, ge=1, le=1_000_000)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Steps between checkpoints; default a tenth of the steps, at most 50.",
+    )
+    checkpoint_every_s: float | None = Field(
+        default=None, gt=0, le=1e7, allow_inf_nan=False, description="Seconds between checkpoints."
+    )
+    max_failures: int = Field(
+        default=3, ge=0, le=1000, description="Failures recovered from before the job fails."
+    )
+    replan: bool | None = Field(
+        default=None,
+        description="Follow a device's speed change by re-planning; default the service's.",
+    )
+    init_from: Text | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{1,32}(@[0-9]{1,9})?$",
+        description="Start from another job's checkpoint: 'JOB_ID' (its latest) or 'JOB_ID@STEP'.",
+    )
     submission_id: Text | None = Field(
         default=None,
         min_length=1,
         max_length=128,
         description="Client-chosen key; submitting it again returns the existing job.",
+    )
+
+
+class DeviceFailure(_In):
+    """A fault injected on a simulated device."""
+
+    kind: Literal["crash", "lost"] = Field(
+        default="crash",
+        description="crash: its worker process dies and is restarted; lost: the device is gone "
+        "until restored.",
+    )
+
+
+class DeviceSlowdown(_In):
+    factor: float = Field(
+        gt=0, le=1000, allow_inf_nan=False, description="Times its own time; 1 restores it."
     )
 
 
@@ -306,7 +358,8 @@ class DevicePublic(BaseModel):
     capacity_bytes: int
     """What the device really offers: scaled memory for simulated devices."""
     peak_tflops: float
-    status: Literal["idle", "busy", "unavailable"]
+    status: Literal["idle", "busy", "unavailable", "lost"]
+    """``lost``: its node is gone (or a simulated loss) until it comes back."""
     job_id: str | None = None
     measured: MeasuredSpeed | None = None
     """From the most recent profile of this device."""
@@ -336,6 +389,27 @@ class ClusterPublic(BaseModel):
 # --- jobs -------------------------------------------------------------------
 
 
+class JobEventPublic(BaseModel):
+    time: datetime
+    kind: Literal["recovery", "replan", "restart"]
+    step: int
+    """The step it happened at (a recovery: the first step run again)."""
+    data: dict[str, Any]
+    """Its record: error, devices lost, old and new plan, predicted gain, seconds taken."""
+
+
+class CheckpointPublic(BaseModel):
+    step: int
+    created_at: datetime
+    url: str
+    """Where to download it (a .tar.gz of its safetensors parts and manifest)."""
+
+
+class CheckpointsPublic(BaseModel):
+    data: list[CheckpointPublic]
+    count: int
+
+
 class JobPublic(BaseModel):
     id: str
     name: str
@@ -362,6 +436,8 @@ class JobPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    events: list[JobEventPublic] = []
+    """What changed the job's plan while it ran: recoveries, re-plans, restarts."""
 
 
 class JobsPublic(BaseModel):

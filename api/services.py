@@ -12,12 +12,16 @@ store so ``GET /profiles`` and the dashboard can show it.
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
+import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import fsspec
 
 from api.local_ray import LocalRaySession
 from api.schemas import ModelDims
@@ -344,6 +348,19 @@ def dry_run(
         profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
         source = "analytic"
     return make_plan(profile, global_batch, strategy), source
+
+
+def pack_checkpoint(uri: str, name: str) -> bytes:
+    """A checkpoint's files (any fsspec location) as one .tar.gz under the folder ``name``."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(fs.find(root)):
+            data = fs.cat_file(path)
+            info = tarfile.TarInfo(f"{name}/{path[len(root) :].lstrip('/')}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def plan_summary(plan: Plan) -> str:

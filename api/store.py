@@ -21,7 +21,7 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.db import JobRow, LogRow, ProfileRow, StepRow
+from api.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
 from api.schemas import JobCreate
 from api.states import TERMINAL_STATES, JobState
 from scheduler.plan import Plan, plan_from_dict
@@ -30,7 +30,6 @@ from scheduler.plan import Plan, plan_from_dict
 PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
 STOPPED, SUCCEEDED, FAILED = JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED
 TERMINAL = TERMINAL_STATES
-RESTART_MESSAGE = "control plane restarted while the job was running"
 
 
 def now() -> datetime:
@@ -87,6 +86,23 @@ class LogRecord:
     time: datetime
     level: str
     message: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventRecord:
+    """What changed a running job's plan (``recovery``, ``replan``, ``restart``)."""
+
+    time: datetime
+    kind: str
+    step: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointRecord:
+    step: int
+    uri: str
+    created_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,17 +294,66 @@ class JobStore:
                 return False
             session.execute(delete(StepRow).where(StepRow.job_id == job_id))
             session.execute(delete(LogRow).where(LogRow.job_id == job_id))
+            session.execute(delete(EventRow).where(EventRow.job_id == job_id))
+            session.execute(delete(CheckpointRow).where(CheckpointRow.job_id == job_id))
             session.delete(row)
             return True
 
-    def fail_interrupted(self, message: str = RESTART_MESSAGE) -> list[str]:
-        """Mark jobs left RUNNING by a previous process FAILED; their plan and steps stay."""
+    def running(self) -> list[JobRecord]:
+        """Jobs in state RUNNING, oldest first (after a restart: the ones to resume)."""
         with self._tx() as session:
-            ids = list(session.scalars(select(JobRow.id).where(JobRow.state == RUNNING)))
-        for job_id in ids:
-            if self.finish(job_id, FAILED, message):
-                self.log(job_id, "ERROR", message)
-        return ids
+            rows = session.scalars(
+                select(JobRow).where(JobRow.state == RUNNING).order_by(JobRow.seq)
+            )
+            return [_job(r) for r in rows]
+
+    # --- what changed a running job, and its checkpoints -------------------------
+
+    def add_event(self, job_id: str, *, kind: str, step: int, data: dict[str, Any]) -> None:
+        with self._tx() as session:
+            session.add(
+                EventRow(
+                    job_id=job_id, time=now(), kind=kind, step=step, data_json=json.dumps(data)
+                )
+            )
+
+    def events(self, job_id: str) -> list[EventRecord]:
+        with self._tx() as session:
+            rows = session.scalars(
+                select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id)
+            )
+            return [
+                EventRecord(
+                    time=_utc(r.time) or now(),
+                    kind=r.kind,
+                    step=r.step,
+                    data=json.loads(r.data_json),
+                )
+                for r in rows
+            ]
+
+    def add_checkpoint(self, job_id: str, *, step: int, uri: str, keep: list[int]) -> None:
+        """Record a checkpoint; forget those no longer kept (retention removed them)."""
+        with self._tx() as session:
+            session.merge(CheckpointRow(job_id=job_id, step=step, uri=uri, created_at=now()))
+            session.execute(
+                delete(CheckpointRow).where(
+                    CheckpointRow.job_id == job_id, CheckpointRow.step.not_in(keep)
+                )
+            )
+
+    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
+        """Newest last."""
+        with self._tx() as session:
+            rows = session.scalars(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id)
+                .order_by(CheckpointRow.step)
+            )
+            return [
+                CheckpointRecord(step=r.step, uri=r.uri, created_at=_utc(r.created_at) or now())
+                for r in rows
+            ]
 
     # --- steps and logs --------------------------------------------------------
 
