@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from api.store import RESTART_MESSAGE, JobStore
+from api.store import JobStore
 
 JOBS = "/api/v1/jobs"
 TINY_JOB = {"name": "tiny", "model": "gpt-tiny", "global_batch": 16, "steps": 3}
@@ -159,7 +159,9 @@ def test_token_guards_mutations_but_not_reads(app_client) -> None:  # type: igno
         assert client.get("/api/v1/cluster").status_code == 200
 
 
-def test_records_survive_a_restart_and_running_jobs_fail(app_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_records_survive_a_restart_and_running_jobs_stay_running(
+    app_client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     with app_client() as client:
         kept = client.post(JOBS, json={**TINY_JOB, "name": "kept"}).json()["id"]
         cut = client.post(JOBS, json={**TINY_JOB, "name": "cut"}).json()
@@ -179,11 +181,9 @@ def test_records_survive_a_restart_and_running_jobs_fail(app_client, tmp_path: P
         jobs = {j["name"]: j for j in client.get(JOBS).json()["data"]}
         assert set(jobs) == {"kept", "cut"}
         assert jobs["kept"]["id"] == kept and jobs["kept"]["state"] == "PENDING"
-        assert jobs["cut"]["state"] == "FAILED"
-        assert jobs["cut"]["message"] == RESTART_MESSAGE
+        # No executor here: nothing resumes it, and nothing it stored is lost.
+        assert jobs["cut"]["state"] == "RUNNING"
         assert jobs["cut"]["steps_done"] == 1 and jobs["cut"]["last_loss"] == 5.5
-        logs = client.get(f"{JOBS}/{cut['id']}/logs").json()["data"]
-        assert logs[-1]["message"] == RESTART_MESSAGE
 
 
 def test_health_cluster_and_metrics_report_an_unavailable_cluster(offline: TestClient) -> None:
