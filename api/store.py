@@ -332,6 +332,14 @@ class JobStore:
                 for r in rows
             ]
 
+    def count_events(self) -> dict[str, int]:
+        """Events of every job by kind (``recovery``, ``replan``, ``restart``), zeros included."""
+        with self._tx() as session:
+            rows = session.execute(select(EventRow.kind, func.count()).group_by(EventRow.kind))
+            counts = dict.fromkeys(("recovery", "replan", "restart"), 0)
+            counts.update({kind: int(n) for kind, n in rows})
+            return counts
+
     def add_checkpoint(self, job_id: str, *, step: int, uri: str, keep: list[int]) -> None:
         """Record a checkpoint; forget those no longer kept (retention removed them)."""
         with self._tx() as session:

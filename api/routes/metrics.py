@@ -23,7 +23,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.deps import AppState
-from api.executor import LiveJob
+from api.job_runner import LiveJob
 from scheduler.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])
@@ -71,6 +71,14 @@ class LiveCollector(Collector):
                 step_s.add_metric([job.job_id], job.step_s)
             steps.add_metric([job.job_id], job.steps_done)
         yield from (samples_per_s, step_s, steps)
+        events = CounterMetricFamily(
+            "hetsched_job_events",
+            "What changed running jobs' plans, over all jobs: recoveries, re-plans, restarts.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(state.store.count_events().items()):
+            events.add_metric([kind], count)
+        yield events
 
     @staticmethod
     def _devices(state: AppState, live: list[LiveJob]) -> Iterator[Metric]:
