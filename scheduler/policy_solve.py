@@ -1,0 +1,133 @@
+"""The exact part of ``fair`` and ``goodput``: an integer program over (job, configuration).
+
+Variables ``x[j,c] ∈ {0,1}``: job ``j`` gets configuration ``c``. Constraints:
+each admitted job gets exactly one of its configurations (``Σ_c x[j,c] = 1``)
+and no class is over-used (``Σ_{j,c} count_c(t)·x[j,c] ≤ N_t`` per class ``t``).
+
+- ``goodput`` maximises ``Σ value[j,c]·x[j,c]`` (the values come from the policy;
+  Sia, Jayaram Subramanya et al., SOSP'23, solves the same shape of problem).
+- ``fair`` maximises ``τ`` subject to ``Σ_c nr[j,c]·x[j,c] ≥ τ·w_j`` for every job
+  (weighted max-min of normalised rates, Gavel's fairness policy, Narayanan et
+  al., OSDI'20, in integer form), plus ``ε·Σ value`` so that among max-min
+  optimal allocations it keeps jobs where they are and leaves nothing idle
+  that would help.
+
+Solved by HiGHS through :func:`scipy.optimize.milp`. Within the candidate
+configurations the answer is optimal when HiGHS reports so; on its time limit
+the best allocation found is used and the result says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
+from scipy.sparse import coo_array  # type: ignore[import-untyped]
+
+from scheduler.policy_rates import Config, DeviceClass
+
+FAIR_EPSILON = 1e-3
+"""Weight of the secondary objective of ``fair`` (values scaled to at most 1)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Option:
+    """One candidate: a configuration with what it is worth to its job."""
+
+    config: Config
+    value: float
+    """``goodput``'s objective term (and ``fair``'s tie-break)."""
+    normalised: float
+    """Rate over the job's equal-share rate (``fair``'s constraint)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Solution:
+    choice: tuple[int, ...] | None
+    """Index of the chosen option per job; ``None`` when infeasible or nothing found."""
+    exact: bool
+    """HiGHS proved the choice optimal among the candidates."""
+    note: str
+
+
+def solve(
+    options: Sequence[Sequence[Option]],
+    capacity: dict[DeviceClass, int],
+    *,
+    max_min: bool,
+    weights: Sequence[float],
+    time_limit_s: float,
+) -> Solution:
+    """Choose one option per job (see module docstring); ``weights`` are ``fair``'s ``w_j``."""
+    num_jobs = len(options)
+    if num_jobs == 0:
+        return Solution(choice=(), exact=True, note="no job to place")
+    classes = {c: i for i, c in enumerate(capacity)}
+    flat = [(j, k, o) for j, opts in enumerate(options) for k, o in enumerate(opts)]
+    num_x = len(flat)
+    num_vars = num_x + (1 if max_min else 0)
+    top = max((o.value for _, _, o in flat), default=1.0) or 1.0
+
+    cost = np.zeros(num_vars)
+    for v, (_, _, o) in enumerate(flat):
+        cost[v] = -(o.value / top) * (FAIR_EPSILON if max_min else 1.0)
+    if max_min:
+        cost[num_x] = -1.0
+
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lower: list[float] = []
+    upper: list[float] = []
+
+    def add(row_entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(lower)
+        for col, val in row_entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(val)
+        lower.append(lo)
+        upper.append(hi)
+
+    per_job: list[list[int]] = [[] for _ in range(num_jobs)]
+    per_class: list[list[tuple[int, float]]] = [[] for _ in classes]
+    for v, (j, _, o) in enumerate(flat):
+        per_job[j].append(v)
+        for c, n in o.config.parts:
+            per_class[classes[c]].append((v, float(n)))
+    for j in range(num_jobs):
+        add([(v, 1.0) for v in per_job[j]], 1.0, 1.0)
+    for c, i in classes.items():
+        if per_class[i]:
+            add(per_class[i], -np.inf, float(capacity[c]))
+    if max_min:
+        for j in range(num_jobs):
+            entries = [(v, flat[v][2].normalised) for v in per_job[j]]
+            add([*entries, (num_x, -weights[j])], 0.0, np.inf)
+
+    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
+    integrality = np.ones(num_vars)
+    upper_bounds = np.ones(num_vars)
+    if max_min:
+        integrality[num_x] = 0
+        upper_bounds[num_x] = np.inf
+    result = milp(
+        cost,
+        constraints=LinearConstraint(matrix, np.array(lower), np.array(upper)),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(num_vars), upper_bounds),
+        options={"time_limit": time_limit_s, "disp": False},
+    )
+    if result.x is None:
+        return Solution(choice=None, exact=False, note=f"HiGHS: {result.message}")
+    x = result.x
+    choice: list[int] = []
+    for j in range(num_jobs):
+        best = max(per_job[j], key=lambda v: x[v])
+        choice.append(flat[best][1])
+    exact = bool(result.status == 0)
+    gap = getattr(result, "mip_gap", None)
+    note = "HiGHS: optimal" if exact else f"HiGHS: time limit, best found (gap {gap})"
+    return Solution(choice=tuple(choice), exact=exact, note=note)
