@@ -119,7 +119,8 @@ def _views(
             _JobView(
                 job=job,
                 singles=singles,
-                held=tuple(i for i in job.held if i in present),
+                # Devices gone from the cluster, or that cannot hold its model, do not count.
+                held=tuple(i for i in job.held if i in present and classes.class_of[i] in singles),
                 equal_rate=equal_rate,
                 urgency=urgency,
             )
@@ -206,7 +207,8 @@ def _decide_shared(
         for c, n in minimum.parts:
             free[c] -= n
         admitted.append((view, minimum))
-    options = [_options(classes, v, m, rate_fn, settings, policy) for v, m in admitted]
+    memo: dict[tuple[object, ...], list[Config]] = {}
+    options = [_options(classes, v, m, rate_fn, settings, policy, memo) for v, m in admitted]
     capacity = {c: len(ids) for c, ids in classes.ids.items()}
     weights = [v.job.priority for v, _ in admitted]
     solution = solve(
@@ -220,7 +222,8 @@ def _decide_shared(
     if solution.choice is None and policy == "goodput":
         # The fairness floor cannot hold for everyone admitted: drop it, say so.
         options = [
-            _options(classes, v, m, rate_fn, settings, policy, floor=False) for v, m in admitted
+            _options(classes, v, m, rate_fn, settings, policy, memo, floor=False)
+            for v, m in admitted
         ]
         solution = solve(
             options,
@@ -256,6 +259,7 @@ def _options(
     rate_fn: RateFn,
     settings: PolicySettings,
     policy: PolicyName,
+    memo: dict[tuple[object, ...], list[Config]],
     *,
     floor: bool = True,
 ) -> list[Option]:
@@ -263,19 +267,26 @@ def _options(
 
     rate = job_rate(rate_fn, model=job.model, global_batch=job.global_batch)
 
-    current = classes.config_of(view.held) if view.held else None
-    extra = [minimum] + ([current] if current is not None else [])
     hi = job.max_devices if job.max_devices is not None else classes.num_devices
+    current = classes.config_of(view.held) if view.held else None
+    within = current is not None and job.min_devices <= current.num_devices <= hi
+    extra = [minimum] + ([current] if current is not None and within else [])
     cap = max(job.min_devices, math.ceil(settings.size_cap_share * _share_devices(view, classes)))
-    configs = candidates(
-        classes=classes,
-        singles=view.singles,
-        lo=job.min_devices,
-        hi=min(hi, job.global_batch, cap),
-        rate=rate,
-        min_gain=settings.min_gain,
-        extra=extra,
-    )
+    hi = min(hi, job.global_batch, cap)
+    key = (job.model, job.global_batch, job.min_devices, hi, tuple(view.singles))
+    base = memo.get(key)
+    if base is None:
+        # Jobs of one shape share their candidates: computed once per decision.
+        base = candidates(
+            classes=classes,
+            singles=view.singles,
+            lo=job.min_devices,
+            hi=hi,
+            rate=rate,
+            min_gain=settings.min_gain,
+        )
+        memo[key] = base
+    configs = list(dict.fromkeys([*extra, *base]))
     out = []
     for config in configs:
         r = rate(config)

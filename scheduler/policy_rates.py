@@ -125,9 +125,10 @@ def class_step_s(
         + global_batch * c.per_sample_s
         for c, _ in usable
     )
+    # To a relative 1e-12: the planner's exact T* lies in (lo, hi], so hi is T* to that precision.
     for _ in range(200):
         mid = (lo + hi) / 2
-        if mid <= lo or mid >= hi:
+        if mid <= lo or mid >= hi or hi - lo <= 1e-12 * hi:
             break
         if sum(n * _caps(mid, c, global_batch) for c, n in usable) >= global_batch:
             hi = mid

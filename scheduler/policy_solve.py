@@ -19,6 +19,7 @@ the best allocation found is used and the result says so.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,10 +61,18 @@ def solve(
     weights: Sequence[float],
     time_limit_s: float,
 ) -> Solution:
-    """Choose one option per job (see module docstring); ``weights`` are ``fair``'s ``w_j``."""
+    """Choose one option per job (see module docstring); ``weights`` are ``fair``'s ``w_j``.
+
+    The first option of every job must be its admission minimum: together they fit.
+    """
     num_jobs = len(options)
     if num_jobs == 0:
         return Solution(choice=(), exact=True, note="no job to place")
+    start: tuple[int, ...] | None = None
+    tau_floor = 0.0
+    if max_min:
+        start = water_fill(options, capacity, weights)
+        tau_floor = min(options[j][k].normalised / weights[j] for j, k in enumerate(start))
     classes = {c: i for i, c in enumerate(capacity)}
     flat = [(j, k, o) for j, opts in enumerate(options) for k, o in enumerate(opts)]
     num_x = len(flat)
@@ -71,8 +80,10 @@ def solve(
     top = max((o.value for _, _, o in flat), default=1.0) or 1.0
 
     cost = np.zeros(num_vars)
+    # fair: the whole secondary term stays below FAIR_EPSILON, so it only breaks ties of τ.
+    scale = FAIR_EPSILON / num_jobs if max_min else 1.0
     for v, (_, _, o) in enumerate(flat):
-        cost[v] = -(o.value / top) * (FAIR_EPSILON if max_min else 1.0)
+        cost[v] = -(o.value / top) * scale
     if max_min:
         cost[num_x] = -1.0
 
@@ -110,17 +121,22 @@ def solve(
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
     integrality = np.ones(num_vars)
     upper_bounds = np.ones(num_vars)
+    lower_bounds = np.zeros(num_vars)
     if max_min:
         integrality[num_x] = 0
         upper_bounds[num_x] = np.inf
+        lower_bounds[num_x] = tau_floor  # never worse than water-filling
     result = milp(
         cost,
         constraints=LinearConstraint(matrix, np.array(lower), np.array(upper)),
         integrality=integrality,
-        bounds=Bounds(np.zeros(num_vars), upper_bounds),
+        bounds=Bounds(lower_bounds, upper_bounds),
         options={"time_limit": time_limit_s, "disp": False},
     )
     if result.x is None:
+        if start is not None:
+            note = f"water-filling; HiGHS found nothing better in {time_limit_s:g} s"
+            return Solution(choice=start, exact=False, note=note)
         return Solution(choice=None, exact=False, note=f"HiGHS: {result.message}")
     x = result.x
     choice: list[int] = []
@@ -131,3 +147,48 @@ def solve(
     gap = getattr(result, "mip_gap", None)
     note = "HiGHS: optimal" if exact else f"HiGHS: time limit, best found (gap {gap})"
     return Solution(choice=tuple(choice), exact=exact, note=note)
+
+
+def water_fill(
+    options: Sequence[Sequence[Option]], capacity: dict[DeviceClass, int], weights: Sequence[float]
+) -> tuple[int, ...]:
+    """Progressive filling (the textbook max-min algorithm) over discrete options.
+
+    Every job starts at its first option (its admission minimum); the job with
+    the lowest weighted normalised rate moves to the fitting option that raises
+    it with the fewest extra devices, until the lowest cannot move; it is then
+    frozen and the next lowest goes on. Heuristic (exact for divisible
+    resources); :func:`solve` uses it as the floor ``fair``'s program must beat.
+    """
+    free = dict(capacity)
+    current = [0] * len(options)
+    for opts in options:
+        for c, n in opts[0].config.parts:
+            free[c] -= n
+    heap = [(opts[0].normalised / weights[j], j) for j, opts in enumerate(options)]
+    heapq.heapify(heap)
+    while heap:
+        level, j = heapq.heappop(heap)
+        now = options[j][current[j]]
+        best: tuple[int, float, int] | None = None
+        for k, o in enumerate(options[j]):
+            if o.normalised <= now.normalised:
+                continue
+            delta = {c: n for c, n in o.config.parts}
+            for c, n in now.config.parts:
+                delta[c] = delta.get(c, 0) - n
+            if any(n > free[c] for c, n in delta.items()):
+                continue
+            key = (sum(delta.values()), -o.normalised, k)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            continue  # frozen at its level
+        new = options[j][best[2]]
+        for c, n in now.config.parts:
+            free[c] += n
+        for c, n in new.config.parts:
+            free[c] -= n
+        current[j] = best[2]
+        heapq.heappush(heap, (new.normalised / weights[j], j))
+    return tuple(current)
