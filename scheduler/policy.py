@@ -290,14 +290,19 @@ def _options(
     out = []
     for config in configs:
         r = rate(config)
+        if r <= 0:
+            continue
         normalised = r / view.equal_rate if view.equal_rate > 0 else 0.0
-        keep = 1.0
-        if current is not None and config != current and r > 0:
+        moves = current is not None and config != current
+        if policy == "goodput":
+            # Minus the job's predicted remaining time on this configuration, a move
+            # paying its restart and a hysteresis margin.
             remaining_s = job.samples_left / r
-            keep = (
-                (1 - settings.move_penalty) * remaining_s / (remaining_s + settings.reallocation_s)
-            )
-        value = normalised * keep * (view.urgency if policy == "goodput" else 1.0)
+            if moves:
+                remaining_s = (remaining_s + settings.reallocation_s) * (1 + settings.move_penalty)
+            value = -job.priority * remaining_s
+        else:
+            value = normalised * ((1 - settings.move_penalty) if moves else 1.0)
         out.append(Option(config=config, value=value, normalised=normalised))
     if floor and policy == "goodput":
         kept = [o for o in out if o.normalised >= settings.fairness_floor]

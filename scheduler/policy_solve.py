@@ -77,7 +77,7 @@ def solve(
     flat = [(j, k, o) for j, opts in enumerate(options) for k, o in enumerate(opts)]
     num_x = len(flat)
     num_vars = num_x + (1 if max_min else 0)
-    top = max((o.value for _, _, o in flat), default=1.0) or 1.0
+    top = max((abs(o.value) for _, _, o in flat), default=1.0) or 1.0
 
     cost = np.zeros(num_vars)
     # fair: the whole secondary term stays below FAIR_EPSILON, so it only breaks ties of τ.
