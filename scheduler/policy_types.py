@@ -80,8 +80,8 @@ class PolicySettings:
     """Knobs of the ``fair`` and ``goodput`` policies (``fifo`` has none)."""
 
     fairness_floor: float = 0.5
-    """``goodput``: every job it runs gets at least this share of its equal-share rate
-    when the cluster allows (relaxed, and said so, when it does not)."""
+    """``goodput``: every job it runs keeps at least this share of the max-min level of
+    normalised rate that ``fair``'s water-filling reaches on the same jobs."""
     reallocation_s: float = 60.0
     """What moving a running job costs: checkpoint, restart, re-plan (seconds of no progress)."""
     move_penalty: float = 0.05
