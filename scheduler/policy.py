@@ -226,6 +226,7 @@ def _decide_shared(
         max_min=policy == "fair",
         weights=weights,
         time_limit_s=settings.solver_time_limit_s,
+        node_limit=settings.solver_node_limit,
     )
     floor_note = ""
     if solution.choice is None:

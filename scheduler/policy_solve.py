@@ -60,6 +60,7 @@ def solve(
     max_min: bool,
     weights: Sequence[float],
     time_limit_s: float,
+    node_limit: int,
 ) -> Solution:
     """Choose one option per job (see module docstring); ``weights`` are ``fair``'s ``w_j``.
 
@@ -131,11 +132,11 @@ def solve(
         constraints=LinearConstraint(matrix, np.array(lower), np.array(upper)),
         integrality=integrality,
         bounds=Bounds(lower_bounds, upper_bounds),
-        options={"time_limit": time_limit_s, "disp": False},
+        options={"time_limit": time_limit_s, "node_limit": node_limit, "disp": False},
     )
     if result.x is None:
         if start is not None:
-            note = f"water-filling; HiGHS found nothing better in {time_limit_s:g} s"
+            note = "water-filling; HiGHS found nothing better within its limits"
             return Solution(choice=start, exact=False, note=note)
         return Solution(choice=None, exact=False, note=f"HiGHS: {result.message}")
     x = result.x
@@ -145,7 +146,11 @@ def solve(
         choice.append(flat[best][1])
     exact = bool(result.status == 0)
     gap = getattr(result, "mip_gap", None)
-    note = "HiGHS: optimal" if exact else f"HiGHS: time limit, best found (gap {gap})"
+    note = (
+        "HiGHS: optimal"
+        if exact
+        else f"HiGHS: {result.message.rstrip('.')}, best found (gap {gap})"
+    )
     return Solution(choice=tuple(choice), exact=exact, note=note)
 
 

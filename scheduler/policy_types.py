@@ -94,8 +94,12 @@ class PolicySettings:
     """Candidate allocations reach at most this many equal shares (and at least min_devices)."""
     min_gain: float = 0.01
     """A larger candidate must add at least this share of rate, or it is not offered."""
+    solver_node_limit: int = 200
+    """HiGHS branch-and-bound nodes per decision; past it the best allocation found is used."""
     solver_time_limit_s: float = 0.5
-    """HiGHS time limit per decision; past it the best allocation found is used."""
+    """HiGHS wall-clock limit per decision; past it the best allocation found is used.
+    On a busy machine it can bind at a different point, so a replay under ``fair``
+    (whose program rarely closes its gap in time at scale) may differ between runs."""
 
     def __post_init__(self) -> None:
         for name in ("reallocation_s", "move_penalty", "aging_s", "max_wait_s", "min_gain"):
