@@ -75,6 +75,7 @@ class _JobView:
     equal_rate: float
     """Rate on an equal share of the cluster (capped at its max_devices)."""
     urgency: float
+    """``goodput``'s admission order: priority × aging / remaining time on an equal share."""
 
 
 def decide(
@@ -383,7 +384,7 @@ def explain(
         moved = "started"
     why = {
         "fair": "max-min share of normalised rates",
-        "goodput": "most remaining work done per second across jobs",
+        "goodput": "most total normalised rate above the fairness floor",
         "fifo": "first in line",
     }[policy]
     return f"{where}, {rate:,.1f} samples/s ({share}); {moved}; {why}"
