@@ -41,6 +41,15 @@ class DeviceStep:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RankStep:
+    """What one rank reports after a step (crosses Ray from the worker to the driver)."""
+
+    loss: float
+    """Mean token loss over the global batch (every rank reports the same)."""
+    device: DeviceStep
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepMetrics:
     step: int
     """0-based."""
@@ -63,6 +72,9 @@ class TrainResult:
     state: dict[str, Any] | None = None
     """Rank 0's model and optimizer state after the last step, when asked for
     (``train(..., keep_state=True)``): a checkpoint to resume or verify from."""
+    next_plan: Any = None
+    """A re-plan that needs a restart ended the run here: the plan to go on with
+    (a :class:`scheduler.plan.Plan`), from the checkpoint written at the last step."""
 
 
 def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:
