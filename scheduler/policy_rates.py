@@ -12,7 +12,9 @@ Evaluating per class rather than per device: identical devices have identical
 capacities ``cap_t(T)`` (most samples finished within ``T`` seconds), so the
 planner's optimality condition ``Σ_i cap_i(T) ≥ B`` becomes
 ``Σ_t n_t·cap_t(T) ≥ B`` and its bisection runs over a handful of classes
-instead of thousands of devices. The optimum ``T*`` is the same number, so the
+instead of thousands of devices (each class in its best activation-recomputation
+mode, ``cap_t = max_r cap_tr``, as the planner does per device). The optimum
+``T*`` is the same number, so the
 rate equals :func:`scheduler.planner.plan_dp`'s ``predicted_samples_per_s`` on
 the expanded device set (``tests/scheduler/test_policy.py`` checks it), except
 that the planner may additionally drop to the fastest node alone on a
@@ -29,7 +31,7 @@ from typing import Protocol
 from scheduler.cluster import Cluster, Device, Links, Simulation
 from scheduler.costmodel import ring_allreduce_s
 from scheduler.models import get_preset
-from scheduler.profile import DEFAULT_EFFICIENCY, DeviceProfile, Profile, analytic_profile
+from scheduler.profile import DeviceProfile, Profile, analytic_profile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, order=True)
@@ -93,20 +95,39 @@ def job_rate(rate_fn: RateFn, *, model: str, global_batch: int) -> Callable[[Con
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _ClassCost:
+class _Mode:
+    """One way a device runs (no, selective or full activation recomputation)."""
+
     fixed_s: float
     per_sample_s: float
     max_micro: int
-    """Largest micro-batch that fits; 0 when the model does not fit at all."""
+    """Largest micro-batch that fits in this mode (>= 1)."""
 
 
-def _caps(t: float, cost: _ClassCost, global_batch: int) -> int:
-    """Most samples one device of this class finishes within ``t`` seconds (planner's cap)."""
-    f, p, m = cost.fixed_s, cost.per_sample_s, min(cost.max_micro, global_batch)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ClassCost:
+    modes: tuple[_Mode, ...]
+    """The modes in which one sample fits; empty when the model does not fit at all."""
+
+
+def _mode_cap(t: float, mode: _Mode, global_batch: int) -> int:
+    f, p, m = mode.fixed_s, mode.per_sample_s, min(mode.max_micro, global_batch)
     full = math.floor(t / (f + m * p))
     more = math.floor((t - (full + 1) * f) / p)
     more = min(max(more, 0), (full + 1) * m)
     return int(min(max(full * m, more), global_batch))
+
+
+def _caps(t: float, cost: _ClassCost, global_batch: int) -> int:
+    """Most samples one device of this class finishes within ``t`` seconds, in its best
+    mode (the planner's ``cap``)."""
+    return max((_mode_cap(t, mode, global_batch) for mode in cost.modes), default=0)
+
+
+def _busy_s(cost: _ClassCost, samples: int) -> float:
+    return min(
+        math.ceil(samples / m.max_micro) * m.fixed_s + samples * m.per_sample_s for m in cost.modes
+    )
 
 
 def class_step_s(
@@ -116,15 +137,11 @@ def class_step_s(
     link_gbps: float,
 ) -> float:
     """Predicted step time of the dp planner's optimal split over classes; inf if none fits."""
-    usable = [(c, n) for c, n in costs if c.max_micro >= 1 and n >= 1]
+    usable = [(c, n) for c, n in costs if c.modes and n >= 1]
     if not usable:
         return math.inf
     lo = 0.0
-    hi = min(
-        math.ceil(global_batch / min(c.max_micro, global_batch)) * c.fixed_s
-        + global_batch * c.per_sample_s
-        for c, _ in usable
-    )
+    hi = min(_busy_s(c, global_batch) for c, _ in usable)
     # To a relative 1e-12: the planner's exact T* lies in (lo, hi], so hi is T* to that precision.
     for _ in range(200):
         mid = (lo + hi) / 2
@@ -150,7 +167,8 @@ class PlannedRates:
 
     links: Links = field(default_factory=Links)
     simulation: Simulation = field(default_factory=Simulation)
-    efficiency: float = DEFAULT_EFFICIENCY
+    efficiency: float | None = None
+    """One share of peak FLOP/s for every GPU; ``None``: each GPU's own (the catalogue's)."""
     measured: dict[str, Profile] = field(default_factory=dict)
     _costs: dict[tuple[str, DeviceClass], _ClassCost] = field(default_factory=dict)
     _rates: dict[tuple[str, int, Config], float] = field(default_factory=dict)
@@ -203,8 +221,11 @@ class PlannedRates:
 
 
 def _class_cost(device: DeviceProfile) -> _ClassCost:
-    return _ClassCost(
-        fixed_s=device.fixed_s,
-        per_sample_s=device.per_sample_s,
-        max_micro=device.max_micro_batch(),
-    )
+    modes = []
+    for option in device.options():
+        max_micro = device.max_micro_batch(option.per_sample_bytes)
+        if max_micro >= 1:
+            modes.append(
+                _Mode(fixed_s=option.fixed_s, per_sample_s=option.per_sample_s, max_micro=max_micro)
+            )
+    return _ClassCost(modes=tuple(modes))
