@@ -5,11 +5,12 @@
    200 jobs (seed 0, ``JOBS_PER_HOUR`` arrivals per hour) under ``fifo``,
    ``fair`` and ``goodput``: average and p99 job completion time and makespan,
    side by side. Targets: ``goodput`` at least 30 % lower average JCT than
-   ``fifo`` (asserted) and at least 10 % lower than ``fair`` (printed; measured
-   7.3 % and 10.0 % in two runs: at about 65 % utilisation every job runs at
-   its requested ``max_devices`` under both policies, so the only lever left is
-   which job gets which GPU type, and fair's max-min already spreads the A100s
-   well).
+   ``fifo`` (asserted) and at least 10 % lower than ``fair`` (printed, not
+   asserted: measured 11.1 % on the current analytic model and 7.3-7.7 % on
+   the one before; ``fair``'s time-limited solves make its figure vary by a few
+   per cent between runs. At about 65 % utilisation most jobs run at their
+   requested ``max_devices`` under both policies, so the lever left is which
+   job gets which GPU type, and fair's max-min already spreads the A100s well).
 2. The slowest decision for 2,000 GPUs (250 nodes of eight, six types) and
    200 jobs: a cold one (every job waiting, nothing cached) and a warm one
    (every job running, a tenth new). Target: under 1 s. Timed as this
@@ -74,8 +75,7 @@ def test_policies_on_hetero_64() -> None:
         f"{vs_fair:.1%} below fair (target 10%)"
     )
     assert vs_fifo >= 0.30
-    # The 10 % target over fair is reported, not asserted: it was missed (7-10 % over
-    # runs; fair's time-limited solves vary with machine load), see the module docstring.
+    # The 10 % target over fair is reported, not asserted (module docstring).
     assert vs_fair > 0
 
 
