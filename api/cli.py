@@ -4,6 +4,7 @@
     hetsched plan ...                   plan a split (pure, no cluster needed)
     hetsched profile ...                measure a cluster's devices
     hetsched simulate ...               train on a local simulated mixed cluster
+    hetsched cluster-sim ...            replay a job trace under scheduling policies
     hetsched serve ...                  the control plane and dashboard
     hetsched submit|jobs|status|stop    talk to a running control plane
 
@@ -25,6 +26,7 @@ COMMANDS = {
     "plan": "plan",
     "profile": "profile",
     "simulate": "simulate",
+    "cluster-sim": "cluster_sim",
     "serve": "serve",
     "submit": "client",
     "jobs": "client",

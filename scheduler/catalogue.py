@@ -180,6 +180,33 @@ _GPUS = [
         bandwidth_gbps=936,
         source="NVIDIA Ampere GA102 whitepaper, fp16 tensor with fp32 accumulate (2020)",
     ),
+    # Older and consumer GPUs of public cluster-scheduler studies: Gavel (Narayanan
+    # et al., OSDI'20) uses K80, P100 and V100; Sia (Jayaram Subramanya et al.,
+    # SOSP'23) and Pollux use RTX 2080 Ti and T4 nodes.
+    GpuSpec(
+        key="RTX2080TI-11GB",
+        name="NVIDIA GeForce RTX 2080 Ti",
+        peak_tflops=53.8,
+        memory_gb=11,
+        bandwidth_gbps=616,
+        source="NVIDIA Turing whitepaper, fp16 tensor with fp32 accumulate (2018)",
+    ),
+    GpuSpec(
+        key="P100-16GB",
+        name="NVIDIA Tesla P100 SXM2",
+        peak_tflops=21.2,
+        memory_gb=16,
+        bandwidth_gbps=732,
+        source="NVIDIA Tesla P100 datasheet, SXM2 column, fp16 without tensor cores (2016)",
+    ),
+    GpuSpec(
+        key="K80-12GB",
+        name="NVIDIA Tesla K80 (one of the board's two GPUs)",
+        peak_tflops=4.37,
+        memory_gb=12,
+        bandwidth_gbps=240,
+        source="NVIDIA Tesla K80 datasheet, fp32 boost halved per GPU; no fp16 speed-up (2014)",
+    ),
     GpuSpec(
         key="MI300X-192GB",
         name="AMD Instinct MI300X",

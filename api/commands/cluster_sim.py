@@ -1,0 +1,216 @@
+"""``hetsched cluster-sim``: replay a job trace on a cluster under scheduling policies.
+
+    hetsched cluster-sim --cluster deploy/clusters/hetero-64.yaml \\
+        --trace deploy/traces/example.csv --policy fifo,fair,goodput [--json] [--chart jct.png]
+    hetsched cluster-sim --generate 200 --rate 6 --seed 0 [-o trace.csv]
+
+The first form runs :func:`scheduler.clustersim.simulate` once per policy (no
+training, the cost model only) and prints a table of average, median and 99th
+percentile job completion time, makespan, utilisation and slowest decision;
+``--json`` prints one JSON object and nothing else; ``--chart`` writes a PNG
+of every job's completion time per policy (needs matplotlib: the ``plot``
+extra). The second form writes a generated trace (CSV, see
+:mod:`scheduler.trace`) to ``-o`` or stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from api.commands.plan import format_table
+from scheduler.cluster import Cluster, load_cluster
+from scheduler.clustersim import SimResult, SimSettings, simulate
+from scheduler.errors import HetschedError
+from scheduler.policy_rates import PlannedRates
+from scheduler.policy_types import POLICIES, PolicyName, PolicySettings
+from scheduler.trace import TraceJob, generate_trace, load_trace, trace_to_csv
+
+DEFAULTS = SimSettings()
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "cluster-sim",
+        help="replay a job trace on a cluster under scheduling policies (no training)",
+        description="Compare scheduling policies on a cluster spec and a job trace (CSV: "
+        "name,arrival_s,model,global_batch,steps[,priority,min_devices,max_devices]) "
+        "from the cost model alone, or generate such a trace.",
+    )
+    parser.add_argument("--cluster", metavar="FILE", type=Path, help="cluster spec (YAML)")
+    parser.add_argument("--trace", metavar="FILE", type=Path, help="job trace (CSV)")
+    parser.add_argument(
+        "--policy",
+        default=",".join(POLICIES),
+        metavar="LIST",
+        help=f"comma-separated policies from {', '.join(POLICIES)} (default: all)",
+    )
+    parser.add_argument(
+        "--round-s",
+        type=float,
+        default=DEFAULTS.round_s,
+        metavar="S",
+        help="seconds between scheduling rounds (default %(default)g)",
+    )
+    parser.add_argument(
+        "--reallocation-s",
+        type=float,
+        default=DEFAULTS.reallocation_s,
+        metavar="S",
+        help="checkpoint + restart time when a running job's devices change (default %(default)g)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument(
+        "--chart", metavar="PNG", type=Path, help="write a chart of JCTs per policy"
+    )
+    parser.add_argument(
+        "--generate", type=int, metavar="N", help="write a generated trace of N jobs instead"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=6.0,
+        metavar="JOBS_PER_HOUR",
+        help="with --generate: mean arrivals per hour (default %(default)g)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="with --generate (default %(default)s)")
+    parser.add_argument("-o", "--output", metavar="FILE", type=Path, help="with --generate")
+    parser.set_defaults(run=run)
+
+
+def _policies(text: str) -> list[PolicyName]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise HetschedError(f"--policy: give one or more of {', '.join(POLICIES)}")
+    out: list[PolicyName] = []
+    for name in names:
+        match = [p for p in POLICIES if p == name]
+        if not match:
+            raise HetschedError(f"--policy: unknown {name!r}; allowed: {', '.join(POLICIES)}")
+        out.append(match[0])
+    return list(dict.fromkeys(out))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.generate is not None:
+        if args.cluster or args.trace or args.json or args.chart:
+            raise HetschedError("--generate: writes a trace; run it without --cluster/--trace")
+        jobs = generate_trace(args.generate, jobs_per_hour=args.rate, seed=args.seed)
+        text = trace_to_csv(jobs)
+        if args.output:
+            args.output.write_text(text)
+            print(f"wrote {len(jobs)} jobs to {args.output}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return 0
+    if not args.cluster or not args.trace:
+        raise HetschedError("give --cluster FILE and --trace FILE, or --generate N")
+    policies = _policies(args.policy)
+    if args.chart:
+        _pyplot()  # before minutes of simulation, not after
+    cluster = load_cluster(args.cluster)
+    trace = load_trace(args.trace)
+    settings = SimSettings(
+        round_s=args.round_s,
+        reallocation_s=args.reallocation_s,
+        policy=PolicySettings(reallocation_s=args.reallocation_s),
+    )
+    rates = PlannedRates.for_cluster(cluster)
+    results = []
+    for policy in policies:
+        if not args.json:
+            print(f"simulating {policy} ...", file=sys.stderr)
+        results.append(simulate(cluster, trace, policy=policy, settings=settings, rates=rates))
+    if args.json:
+        print(json.dumps(report(cluster, args.trace, trace, results)))
+    else:
+        print(render(cluster, args.trace, trace, results))
+    if args.chart:
+        write_chart(results, args.chart)
+    return 0
+
+
+def report(
+    cluster: Cluster, path: Path, trace: list[TraceJob], results: list[SimResult]
+) -> dict[str, Any]:
+    """The ``--json`` document."""
+    return {
+        "cluster": {"name": cluster.name, "num_devices": len(cluster.devices)},
+        "trace": {"path": str(path), "num_jobs": len(trace)},
+        "policies": [r.to_dict() for r in results],
+    }
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def render(cluster: Cluster, path: Path, trace: list[TraceJob], results: list[SimResult]) -> str:
+    headers = [
+        "POLICY",
+        "AVG JCT",
+        "P50 JCT",
+        "P99 JCT",
+        "MAKESPAN",
+        "UTILISATION",
+        "MOVES",
+        "SLOWEST DECISION",
+    ]
+    rows = [
+        [
+            r.policy,
+            _hours(r.avg_jct_s),
+            _hours(r.p50_jct_s),
+            _hours(r.p99_jct_s),
+            _hours(r.makespan_s),
+            f"{r.utilization:.0%}",
+            str(r.num_reallocations),
+            f"{r.decision_s_max * 1e3:.0f} ms",
+        ]
+        for r in results
+    ]
+    lines = [
+        f"{len(trace)} jobs of {path.name} on {cluster.name} ({len(cluster.devices)} devices)",
+        "",
+        format_table(headers, rows, right=set(range(1, len(headers)))),
+    ]
+    base = next((r for r in results if r.policy == "fifo"), None)
+    if base is not None:
+        for r in results:
+            if r is not base and base.avg_jct_s > 0:
+                change = 1 - r.avg_jct_s / base.avg_jct_s
+                word = "lower" if change >= 0 else "higher"
+                lines.append(f"{r.policy}: average JCT {abs(change):.0%} {word} than fifo")
+    return "\n".join(lines)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on a file backend; a one-line error when it is not installed."""
+    try:
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        raise HetschedError(
+            "--chart: needs matplotlib; install it with: pip install 'hetsched[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
+
+    return plt
+
+
+def write_chart(results: list[SimResult], path: Path) -> None:
+    """A PNG: every job's completion time per policy (box plot, mean marked)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.boxplot([[j / 3600 for j in r.jcts_s] for r in results], showmeans=True)
+    ax.set_xticks(range(1, len(results) + 1), [r.policy for r in results])
+    ax.set_ylabel("job completion time (hours)")
+    ax.set_yscale("log")
+    ax.set_title("Job completion time per policy (triangle: mean)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)

@@ -1,0 +1,153 @@
+"""``hetsched cluster-sim`` as a user runs it: tables, --json, --generate, charts, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from scheduler.trace import load_trace
+
+CLUSTER = """
+name: tiny-mix
+nodes:
+  - {name: a, devices: [{type: A100-40GB, count: 2}]}
+  - {name: t, devices: [{type: T4-16GB, count: 2}]}
+"""
+TRACE = """name,arrival_s,model,global_batch,steps,priority,min_devices,max_devices
+small,0,gpt2-small,32,300,,,2
+medium,30,gpt2-medium,32,100,,,
+xl,60,gpt2-xl,16,20,2,1,2
+"""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    cluster, trace = tmp_path / "c.yaml", tmp_path / "t.csv"
+    cluster.write_text(CLUSTER)
+    trace.write_text(TRACE)
+    return cluster, trace
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_is_one_object_of_the_documented_shape(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, trace = files
+    code, out, _ = run_cli(
+        capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace), "--json"
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"cluster", "trace", "policies"}
+    assert [p["policy"] for p in doc["policies"]] == ["fifo", "fair", "goodput"]
+    for p in doc["policies"]:
+        for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "utilization"):
+            assert isinstance(p[key], float) and p[key] >= 0
+        assert p["decision_s_max"] >= 0
+        assert [j["name"] for j in p["jobs"]] == ["small", "medium", "xl"]
+        for j in p["jobs"]:
+            assert j["arrival_s"] <= j["start_s"] <= j["end_s"]
+            first = j["allocations"][0]
+            assert first["devices"] and first["samples_per_s"] > 0 and first["t_s"] == j["start_s"]
+            assert all(d.split("/")[0] in {"a", "t"} for d in first["devices"])
+
+
+def test_table_compares_policies_with_fifo(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, trace = files
+    code, out, err = run_cli(
+        capsys,
+        "cluster-sim",
+        "--cluster",
+        str(cluster),
+        "--trace",
+        str(trace),
+        "--policy",
+        "fifo,goodput",
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "3 jobs of t.csv on tiny-mix (4 devices)"
+    assert "AVG JCT" in lines[2] and "P99 JCT" in lines[2] and "MAKESPAN" in lines[2]
+    assert lines[3].startswith("fifo") and lines[4].startswith("goodput")
+    assert "than fifo" in lines[-1]
+    assert "simulating goodput" in err
+
+
+def test_chart_is_a_png(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    cluster, trace = files
+    png = tmp_path / "jct.png"
+    code, _, _ = run_cli(
+        capsys,
+        "cluster-sim",
+        "--cluster",
+        str(cluster),
+        "--trace",
+        str(trace),
+        "--chart",
+        str(png),
+        "--policy",
+        "fair",
+    )
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_generate_writes_a_trace_the_simulator_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "gen.csv"
+    code, _, err = run_cli(
+        capsys, "cluster-sim", "--generate", "12", "--rate", "6", "--seed", "3", "-o", str(out_file)
+    )
+    assert code == 0 and "wrote 12 jobs" in err
+    assert len(load_trace(out_file)) == 12
+    code, out, _ = run_cli(capsys, "cluster-sim", "--generate", "2", "--seed", "3")
+    assert code == 0 and out.startswith("name,arrival_s,model,global_batch,steps")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "lottery"], "--policy: unknown 'lottery'; allowed: fifo, fair, goodput"),
+        (["--round-s", "0"], "round_s: must be a number > 0"),
+    ],
+)
+def test_bad_options_are_one_line_errors(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    cluster, trace = files
+    code, out, err = run_cli(
+        capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace), *extra
+    )
+    assert code == 2 and out == ""
+    assert err.startswith("hetsched: error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_bad_trace_row_names_row_and_column(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, trace = files
+    trace.write_text(TRACE + "broken,90,gpt2-small,-4,10,,,\n")
+    code, _, err = run_cli(capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace))
+    assert code == 2
+    assert err == (
+        "hetsched: error: trace row 5, column global_batch: must be an integer >= 1, got '-4'\n"
+    )
+
+
+def test_missing_inputs_say_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "cluster-sim")
+    assert code == 2 and "give --cluster FILE and --trace FILE, or --generate N" in err

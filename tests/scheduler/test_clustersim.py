@@ -1,0 +1,123 @@
+"""The cluster simulator: every job finishes, progress follows the planned rates, restarts cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.cluster import Cluster, parse_cluster
+from scheduler.clustersim import SimResult, SimSettings, SimulationError, simulate
+from scheduler.policy_rates import PlannedRates
+from scheduler.policy_types import POLICIES, PolicyName
+from scheduler.trace import TraceJob, generate_trace
+
+
+def small_mixed() -> Cluster:
+    return parse_cluster(
+        {
+            "name": "small-mixed",
+            "nodes": [
+                {"name": "a", "devices": [{"type": "A100-40GB", "count": 4}]},
+                {"name": "t", "devices": [{"type": "T4-16GB", "count": 4}]},
+                {"name": "r", "devices": [{"type": "RTX2080TI-11GB", "count": 4}]},
+            ],
+        }
+    )
+
+
+def homogeneous() -> Cluster:
+    return parse_cluster(
+        {
+            "name": "a100-8",
+            "nodes": [
+                {"name": f"n{i}", "devices": [{"type": "A100-40GB", "count": 4}]} for i in range(2)
+            ],
+        }
+    )
+
+
+def short_trace(num_jobs: int, seed: int) -> list[TraceJob]:
+    """A generated trace cut to minutes of work so the test replays in seconds."""
+    return [
+        TraceJob(
+            name=j.name,
+            arrival_s=j.arrival_s,
+            model=j.model,
+            global_batch=j.global_batch,
+            steps=max(1, j.steps // 20),
+            max_devices=j.max_devices,
+        )
+        for j in generate_trace(num_jobs, jobs_per_hour=40, seed=seed)
+    ]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[PolicyName, SimResult]:
+    cluster = small_mixed()
+    rates = PlannedRates.for_cluster(cluster)
+    trace = short_trace(14, seed=3)
+    return {p: simulate(cluster, trace, policy=p, rates=rates) for p in POLICIES}
+
+
+def test_every_job_finishes_under_every_policy(results: dict[PolicyName, SimResult]) -> None:
+    names = {j.name for j in short_trace(14, seed=3)}
+    for policy, result in results.items():
+        assert {j.name for j in result.jobs} == names, policy
+        for j in result.jobs:
+            assert j.arrival_s <= j.start_s <= j.end_s
+            assert j.allocations and j.allocations[0].devices
+        assert result.makespan_s >= max(j.jct_s for j in result.jobs) - 1e-6
+        assert 0 < result.utilization <= 1
+
+
+def test_progress_integrates_the_planned_rates(results: dict[PolicyName, SimResult]) -> None:
+    trace = {j.name: j for j in short_trace(14, seed=3)}
+    for result in results.values():
+        for j in result.jobs:
+            done = 0.0
+            spans = [*j.allocations[1:], None]
+            for a, following in zip(j.allocations, spans, strict=True):
+                until = following.t_s if following is not None else j.end_s
+                done += a.samples_per_s * max(0.0, until - a.resume_s)
+            want = trace[j.name].steps * trace[j.name].global_batch
+            assert done == pytest.approx(want, rel=1e-6), (result.policy, j.name)
+
+
+def test_a_move_costs_the_reallocation_delay(results: dict[PolicyName, SimResult]) -> None:
+    later = [a for r in results.values() for j in r.jobs for a in j.allocations[1:] if a.devices]
+    assert later, "the trace should make some policy move a job"
+    for a in later:
+        assert a.resume_s == pytest.approx(a.t_s + SimSettings().reallocation_s)
+    assert all(r.num_reallocations == 0 for r in results.values() if r.policy == "fifo")
+
+
+def test_goodput_is_no_worse_than_fair_on_a_homogeneous_cluster() -> None:
+    cluster = homogeneous()
+    rates = PlannedRates.for_cluster(cluster)
+    trace = short_trace(16, seed=5)
+    fair = simulate(cluster, trace, policy="fair", rates=rates)
+    goodput = simulate(cluster, trace, policy="goodput", rates=rates)
+    assert goodput.avg_jct_s <= fair.avg_jct_s
+
+
+def test_a_job_that_fits_nowhere_is_an_error_naming_it() -> None:
+    cluster = parse_cluster(
+        {"name": "t4s", "nodes": [{"name": "n", "devices": [{"type": "T4-16GB"}]}]}
+    )
+    trace = [TraceJob(name="huge", arrival_s=0, model="gpt2-xl", global_batch=8, steps=10)]
+    with pytest.raises(SimulationError, match="trace job 'huge': model gpt2-xl fits no device"):
+        simulate(cluster, trace, policy="goodput")
+
+
+def test_min_devices_above_the_cluster_is_an_error() -> None:
+    trace = [
+        TraceJob(
+            name="wide", arrival_s=0, model="gpt2-small", global_batch=8, steps=10, min_devices=9
+        )
+    ]
+    with pytest.raises(SimulationError, match="min_devices 9 but only 8 devices"):
+        simulate(homogeneous(), trace, policy="fifo")
+
+
+def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(SimulationError, match="round_s: must be a number > 0, got 0"):
+        SimSettings(round_s=0)
