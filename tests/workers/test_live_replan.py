@@ -64,9 +64,9 @@ def test_restoring_the_speed_replans_back(pool, cache_dir) -> None:
     plan, _, decisions = _run(
         CLUSTER, pool, cache_dir, steps=44, faults=["a/0@10:slow=3", "a/0@26:restore"]
     )
-    assert len(decisions) == 2
-    slowed, restored = decisions
-    assert slowed.step < 26 <= restored.step
+    slowed = decisions[0]
+    assert 10 <= slowed.step < 26
+    restored = next(d for d in decisions if d.step >= 26)
     share = {d.id: d.samples for d in restored.new_plan.devices}
     assert share["a/0"] > {d.id: d.samples for d in slowed.new_plan.devices}["a/0"]
 
