@@ -40,6 +40,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from api.states import TERMINAL_STATES, JobState
 from scheduler import planner
+from scheduler.activations import Recompute
 from scheduler.models import PRESETS
 
 
@@ -287,6 +288,8 @@ class DevicePlanPublic(BaseModel):
     layers: list[int] | None = None
     stage: int | None = None
     pipeline: int | None = None
+    recompute: Recompute = "none"
+    """Activation recomputation the plan chose for this device."""
 
 
 class ExcludedPublic(BaseModel):
