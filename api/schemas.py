@@ -237,7 +237,7 @@ class JobCreate(PlanCreate):
         default=None,
         description="Follow a device's speed change by re-planning; default the service's.",
     )
-    init_from: Text | None = Field(
+    init_from: str | None = Field(  # its pattern rules out control characters
         default=None,
         pattern=r"^[0-9a-f]{1,32}(@[0-9]{1,9})?$",
         description="Start from another job's checkpoint: 'JOB_ID' (its latest) or 'JOB_ID@STEP'.",

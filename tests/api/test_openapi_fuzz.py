@@ -113,4 +113,7 @@ def test_document_declares_auth_only_with_a_token() -> None:
         "POST /api/v1/jobs",
         "POST /api/v1/jobs/{job_id}/stop",
         "DELETE /api/v1/jobs/{job_id}",
+        "POST /api/v1/cluster/devices/{device_id}/fail",
+        "POST /api/v1/cluster/devices/{device_id}/slowdown",
+        "POST /api/v1/cluster/devices/{device_id}/restore",
     }
