@@ -46,7 +46,7 @@ def _field(loc: tuple[Any, ...]) -> str:
     parts = [
         p
         for p in parts
-        if p not in ("str", "ModelDims", "TrainableModelDims", "function-after[_printable(), str]")
+        if p not in ("str", "ModelDims", "TrainableModelDims") and not p.startswith("function-")
     ]
     return ".".join(parts) or "body"
 
@@ -68,7 +68,21 @@ def _readable(error: dict[str, Any]) -> str:
 
 def validation_detail(exc: RequestValidationError) -> str:
     """One line per field, joined by '; '."""
-    lines = list(dict.fromkeys(_readable(e) for e in exc.errors()))
+    errors = list(exc.errors())
+
+    # A model given as dimensions also fails the preset-name branch ("should be a valid
+    # string"); that branch's complaint is noise next to what is wrong with the dimensions.
+    def other_branch_failed(error: Any) -> bool:
+        loc = tuple(error["loc"])
+        return loc[-1:] == ("str",) and any(
+            tuple(o["loc"][: len(loc) - 1]) == loc[:-1]
+            and tuple(o["loc"]) != loc
+            and o["type"] != "model_type"  # the input was an object: the dimensions are wrong
+            for o in errors
+        )
+
+    errors = [e for e in errors if not other_branch_failed(e)]
+    lines = list(dict.fromkeys(_readable(e) for e in errors))
     return "; ".join(lines)
 
 

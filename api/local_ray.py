@@ -97,10 +97,19 @@ class LocalRaySession:
         if not self.path.exists():
             return 0
         try:
-            recorded = [RayProcess(**p) for p in json.loads(self.path.read_text())["processes"]]
+            document = json.loads(self.path.read_text())
+            recorded = [RayProcess(**p) for p in document["processes"]]
+            service = RayProcess(**document["service"])
         except (OSError, ValueError, TypeError, KeyError):
             log.warning("ignoring unreadable %s", self.path)
-            recorded = []
+            self.path.unlink(missing_ok=True)
+            return 0
+        if _alive(service) is not None:
+            log.warning(
+                "another service (pid %d) still runs on this data directory; leaving its Ray alone",
+                service.pid,
+            )
+            return 0
         alive = [p for p in (_alive(r) for r in recorded) if p is not None]
         count = terminate(_with_descendants(alive)) if alive else 0
         if count:
@@ -111,7 +120,12 @@ class LocalRaySession:
     def record(self) -> list[RayProcess]:
         """Write down this process's Ray processes (call right after ``ray.init``)."""
         processes = own_ray_processes()
-        self.path.write_text(json.dumps({"processes": [asdict(p) for p in processes]}))
+        service = _describe(psutil.Process(os.getpid()))
+        document = {
+            "service": asdict(service) if service else None,
+            "processes": [asdict(p) for p in processes],
+        }
+        self.path.write_text(json.dumps(document))
         return processes
 
     def stop(self) -> int:

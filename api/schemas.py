@@ -40,6 +40,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from api.states import TERMINAL_STATES, JobState
 from scheduler import planner
+from scheduler.activations import Recompute
 from scheduler.models import PRESETS
 
 
@@ -236,7 +237,7 @@ class JobCreate(PlanCreate):
         default=None,
         description="Follow a device's speed change by re-planning; default the service's.",
     )
-    init_from: Text | None = Field(
+    init_from: str | None = Field(  # its pattern rules out control characters
         default=None,
         pattern=r"^[0-9a-f]{1,32}(@[0-9]{1,9})?$",
         description="Start from another job's checkpoint: 'JOB_ID' (its latest) or 'JOB_ID@STEP'.",
@@ -287,6 +288,8 @@ class DevicePlanPublic(BaseModel):
     layers: list[int] | None = None
     stage: int | None = None
     pipeline: int | None = None
+    recompute: Recompute = "none"
+    """Activation recomputation the plan chose for this device."""
 
 
 class ExcludedPublic(BaseModel):

@@ -217,3 +217,15 @@ def test_unreachable_ray_address_still_serves(app_client) -> None:  # type: igno
         assert job.status_code == 201 and job.json()["state"] == "PENDING"
         plan = client.post("/api/v1/plans", json={})
         assert plan.status_code == 409 and plan.json()["detail"].startswith("cluster: unavailable")
+
+
+def test_bad_model_dimensions_name_only_what_is_wrong(offline: TestClient) -> None:
+    """A model given as dimensions is not also scolded for not being a preset name."""
+    dims = {"num_layers": 1, "d_model": 10, "num_heads": 3, "d_ff": 8, "seq_len": 4}
+    response = offline.post("/api/v1/plans", json={"model": {**dims, "vocab_size": 256}})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "model: d_model 10 must be divisible by num_heads 3"
+    response = offline.post(JOBS, json={"model": {**dims, "d_model": 12, "vocab_size": 25}})
+    assert response.json()["detail"] == (
+        "model.vocab_size: Input should be greater than or equal to 256, got 25"
+    )

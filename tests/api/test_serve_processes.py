@@ -9,17 +9,21 @@ named by pid and start time so a reused pid cannot pass for one of them.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+
+from api.local_ray import LocalRaySession, RayProcess
 
 STARTUP_S = 180.0
 EXIT_S = 60.0
@@ -121,3 +125,24 @@ def test_restart_after_kill_9_ends_the_predecessors_ray(tmp_path: Path) -> None:
         _assert_all_gone(second_ray)
     finally:
         second.kill()
+
+
+def test_a_live_services_ray_is_never_reaped(tmp_path: Path) -> None:
+    """A record whose service is still running (this test process stands in for it)
+    belongs to that service: a second start on the data directory leaves it alone."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me, other = psutil.Process(os.getpid()), psutil.Process(child.pid)
+        record = {
+            "service": RayProcess(pid=me.pid, create_time=me.create_time(), name=me.name()),
+            "processes": [
+                RayProcess(pid=other.pid, create_time=other.create_time(), name=other.name())
+            ],
+        }
+        session = LocalRaySession(tmp_path)
+        session.path.write_text(json.dumps(record, default=asdict))
+        assert session.reap_predecessor() == 0
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
