@@ -5,6 +5,8 @@
     hetsched profile ...                measure a cluster's devices
     hetsched simulate ...               train on a local simulated mixed cluster
     hetsched serve ...                  the control plane and dashboard
+    hetsched prepare-data ...           tokenize a text file into a token-id dataset
+    hetsched export ...                 a checkpoint as a Hugging Face model directory
     hetsched submit|jobs|status|stop    talk to a running control plane
 
 User errors print one line, ``hetsched: error: ...``, and exit with code 2.
@@ -26,6 +28,8 @@ COMMANDS = {
     "profile": "profile",
     "simulate": "simulate",
     "serve": "serve",
+    "prepare-data": "prepare_data",
+    "export": "export",
     "submit": "client",
     "jobs": "client",
     "status": "client",

@@ -25,6 +25,7 @@ from api.store import JobStore, ProfileRecord
 from scheduler.capacity import usable_capacity_bytes
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError, PlanError
+from scheduler.hf_config import is_path_ref, load_hf_config
 from scheduler.models import ModelPreset, get_preset
 from scheduler.plan import Plan
 from scheduler.planner import make_plan
@@ -118,12 +119,34 @@ def _one_line(exc: BaseException) -> str:
 # --- checking a spec against this server ---------------------------------------
 
 
-def model_from_ref(ref: str | ModelDims | dict[str, Any]) -> ModelPreset:
+def model_from_ref(
+    ref: str | ModelDims | dict[str, Any], *, data_dir: Path | None = None
+) -> ModelPreset:
+    """A preset name, explicit dimensions, or a Hugging Face ``config.json`` / model
+    directory inside the server's data directory (never outside it)."""
     if isinstance(ref, dict):
         ref = ModelDims.model_validate(ref)
     if isinstance(ref, str):
-        return get_preset(ref)
+        if not is_path_ref(ref):
+            return get_preset(ref)
+        if data_dir is None:
+            raise HetschedError(
+                f"model: {ref!r} is a path; this server reads model configs only from "
+                "its data directory"
+            )
+        return load_hf_config(_inside(data_dir, ref.removeprefix("hf:"), what="model"))
     return ModelPreset(**ref.model_dump())
+
+
+def _inside(data_dir: Path, name: str, *, what: str) -> Path:
+    """``name`` resolved inside the data directory; anything reaching outside is refused."""
+    root = data_dir.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise HetschedError(
+            f"{what}: {name!r} is outside the server's data directory; give a name inside it"
+        )
+    return path
 
 
 def model_key(model: ModelPreset) -> str:

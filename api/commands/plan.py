@@ -20,7 +20,8 @@ from typing import Any
 
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, get_preset
+from scheduler.hf_config import resolve_model
+from scheduler.models import PRESETS
 from scheduler.plan import Plan
 from scheduler.planner import STRATEGIES, make_plan
 from scheduler.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
@@ -38,7 +39,10 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
     parser.add_argument(
-        "--model", metavar="PRESET", help=f"model preset with --cluster: {', '.join(PRESETS)}"
+        "--model",
+        metavar="PRESET",
+        help=f"with --cluster: a preset ({', '.join(PRESETS)}) or a Hugging Face "
+        "config.json or model directory",
     )
     parser.add_argument("--profile", metavar="FILE", help="measured or saved profile (JSON)")
     parser.add_argument(
@@ -73,7 +77,7 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
     cluster = load_cluster(args.cluster)
     efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
-    profile = analytic_profile(cluster, get_preset(args.model), efficiency=efficiency)
+    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=efficiency)
     return profile, f"cluster {cluster.name}, analytic at {efficiency:.0%} of peak"
 
 

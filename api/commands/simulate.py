@@ -29,7 +29,8 @@ from typing import Any
 from api.commands.plan import format_table
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, ModelPreset, get_preset
+from scheduler.hf_config import resolve_model
+from scheduler.models import PRESETS, ModelPreset
 from scheduler.plan import DP_STRATEGIES
 from scheduler.planner import STRATEGIES
 from scheduler.profile import Profile
@@ -57,7 +58,8 @@ def add_parser(subparsers: Any) -> None:
         "--model",
         metavar="PRESET",
         default="gpt-tiny",
-        help=f"model preset (default %(default)s): {', '.join(PRESETS)}",
+        help=f"model preset (default %(default)s): {', '.join(PRESETS)}; or a Hugging "
+        "Face config.json or model directory",
     )
     parser.add_argument(
         "--global-batch",
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     strategies = parse_strategies(args.strategies)
     cluster = load_cluster(args.cluster)
-    preset = get_preset(args.model)
+    preset = resolve_model(args.model)
     from workers.model import check_trainable
 
     check_trainable(preset)  # before starting Ray: a llama preset cannot train here
