@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,6 +16,16 @@ from workers.model import GPT, lm_loss_sum
 from workers.models import build_model, model_pieces, piece_of_param, stage_pieces, tied_pieces
 
 LLAMA = get_preset("llama-tiny")
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread, as workers use: on a shared 2-core machine more threads
+    contend and a tiny model's step gets about ten times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _batch(n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
