@@ -31,9 +31,11 @@ from scheduler.plan import Plan
 from scheduler.planner import make_plan
 from scheduler.profile import Profile, analytic_profile, profile_from_dict
 from scheduler.units import format_bytes
+from workers.datafile import DEFAULT_CORPUS, inspect_dataset
 
 log = logging.getLogger("hetsched.api")
 BYTE_VOCAB = 256
+DATASET_SUFFIXES = (".txt", ".bin")
 
 
 class ClusterUnavailable(HetschedError):
@@ -176,33 +178,44 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
     return [d for d in known if d in set(device_ids)]
 
 
-def resolve_dataset(data_dir: Path, name: str, *, seq_len: int) -> Path | None:
-    """``default`` (the bundled corpus) or a file inside the data directory, nowhere else."""
-    if name == "default":
-        return None
-    root = data_dir.resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or path == root:
-        raise HetschedError(
-            f"dataset: {name!r} is outside the server's data directory; "
-            "give 'default' or a file name inside it"
-        )
-    if not path.is_file():
+def resolve_dataset(
+    data_dir: Path,
+    name: str,
+    *,
+    seq_len: int,
+    vocab_size: int | None = None,
+    global_batch: int | None = None,
+) -> Path | None:
+    """``default`` (the bundled corpus, ``None``) or a dataset file inside the data
+    directory, nowhere else, checked against the model and the global batch when given
+    (workers/datafile.py: sidecar, size, vocabulary, one global batch) before any worker
+    starts."""
+    path = DEFAULT_CORPUS if name == "default" else _inside(data_dir, name, what="dataset")
+    if not path.is_file() or not is_dataset_name(path.name):
         known = ", ".join(list_datasets(data_dir))
         raise HetschedError(
-            f"dataset: no file {name!r} in the server's data directory {root}; give one of: {known}"
+            f"dataset: no dataset {name!r} in the server's data directory "
+            f"{data_dir.resolve()}; give one of: {known}"
         )
-    size = path.stat().st_size
-    if size < seq_len + 1:
-        raise HetschedError(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
-    return path
+    inspect_dataset(path, seq_len=seq_len, vocab_size=vocab_size, global_batch=global_batch)
+    return None if name == "default" else path
+
+
+def is_dataset_name(name: str) -> bool:
+    """Text files and token files are datasets; sidecars and tokenizers go with them."""
+    return name.endswith(DATASET_SUFFIXES)
 
 
 def list_datasets(data_dir: Path) -> list[str]:
+    """``default`` and every dataset file under the data directory, by relative name."""
     root = data_dir.resolve()
     names = ["default"]
     if root.is_dir():
-        names += sorted(str(p.relative_to(root)) for p in root.rglob("*.txt") if p.is_file())
+        names += sorted(
+            str(p.relative_to(root))
+            for p in root.rglob("*")
+            if p.is_file() and is_dataset_name(p.name) and not p.name.startswith(".")
+        )
     return names
 
 

@@ -34,6 +34,7 @@ import torch
 from scheduler.errors import HetschedError
 from workers.datafile import (
     BYTE_VOCAB,
+    DEFAULT_CORPUS,
     DEFAULT_VAL_FRACTION,
     Split,
     inspect_dataset,
@@ -42,7 +43,6 @@ from workers.datafile import (
     split_range,
 )
 
-DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus" / "python-docs.txt"
 VOCAB_SIZE = BYTE_VOCAB
 
 

@@ -34,6 +34,8 @@ TOKEN_SUFFIX = ".bin"
 SIDECAR_SUFFIX = ".json"
 TOKEN_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {"uint16": np.uint16, "uint32": np.uint32}
 BYTE_VOCAB = 256
+DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus" / "python-docs.txt"
+"""The bundled byte-level corpus (see its README), the dataset named ``default``."""
 DEFAULT_VAL_FRACTION = 0.05
 """Share of a dataset's tokens, at its end, held out for validation."""
 _SCAN_TOKENS = 1 << 24
@@ -62,6 +64,7 @@ class DatasetInfo:
     vocab_size: int
     """Declared vocabulary (256 for text)."""
     max_token: int
+    """Largest token id (found by scanning, or the vocabulary's largest)."""
     tokenizer: str | None = None
 
     def split_range(self, split: Split, val_fraction: float = DEFAULT_VAL_FRACTION) -> range:
@@ -165,6 +168,40 @@ def max_token(tokens: np.ndarray) -> int:
     return max(int(tokens[i : i + _SCAN_TOKENS].max()) for i in range(0, len(tokens), _SCAN_TOKENS))
 
 
+def describe_file(path: Path) -> DatasetInfo:
+    """A dataset file's kind, size and vocabulary, from its size and sidecar alone (cheap:
+    ids are not scanned, so ``max_token`` is the largest id the vocabulary allows)."""
+    if is_token_file(path):
+        tokens, sidecar = memmap_tokens(path)
+        return DatasetInfo(
+            path=path,
+            kind="tokens",
+            num_tokens=len(tokens),
+            vocab_size=sidecar.vocab_size,
+            max_token=sidecar.vocab_size - 1,
+            tokenizer=sidecar.tokenizer,
+        )
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise HetschedError(f"dataset: cannot read {path}: {exc.strerror or exc}") from exc
+    return DatasetInfo(
+        path=path, kind="bytes", num_tokens=size, vocab_size=BYTE_VOCAB, max_token=BYTE_VOCAB - 1
+    )
+
+
+def check_token_ids(path: Path) -> int:
+    """The largest id of a token file, which must lie below its declared vocabulary."""
+    tokens, sidecar = memmap_tokens(path)
+    largest = max_token(tokens)
+    if largest >= sidecar.vocab_size:
+        raise HetschedError(
+            f"dataset: {path.name} holds token id {largest}, beyond its declared "
+            f"vocab_size {sidecar.vocab_size}; the file is corrupt or its sidecar wrong"
+        )
+    return largest
+
+
 def inspect_dataset(
     path: Path,
     *,
@@ -175,33 +212,9 @@ def inspect_dataset(
 ) -> DatasetInfo:
     """Every check a job's dataset must pass, against a model (``vocab_size``, ``seq_len``)
     and a global batch when given; raises one line on the first failure."""
-    if is_token_file(path):
-        tokens, sidecar = memmap_tokens(path)
-        info = DatasetInfo(
-            path=path,
-            kind="tokens",
-            num_tokens=len(tokens),
-            vocab_size=sidecar.vocab_size,
-            max_token=max_token(tokens),
-            tokenizer=sidecar.tokenizer,
-        )
-        if info.max_token >= info.vocab_size:
-            raise HetschedError(
-                f"dataset: {path.name} holds token id {info.max_token}, beyond its declared "
-                f"vocab_size {info.vocab_size}; the file is corrupt or its sidecar wrong"
-            )
-    else:
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            raise HetschedError(f"dataset: cannot read {path}: {exc.strerror or exc}") from exc
-        info = DatasetInfo(
-            path=path,
-            kind="bytes",
-            num_tokens=size,
-            vocab_size=BYTE_VOCAB,
-            max_token=BYTE_VOCAB - 1,
-        )
+    info = describe_file(path)
+    if info.kind == "tokens":
+        check_token_ids(path)
     if vocab_size is not None and info.vocab_size > vocab_size:
         raise HetschedError(
             f"dataset: {path.name} has vocab_size {info.vocab_size}, larger than the model's "
@@ -213,7 +226,7 @@ def inspect_dataset(
         batch = (
             f"one global batch of {global_batch} × {seq_len} tokens"
             if global_batch
-            else (f"one sample of {seq_len} tokens")
+            else f"one sample of {seq_len} tokens"
         )
         raise HetschedError(
             f"dataset: {path.name} has {train:,} training tokens; {batch} needs {needed:,}"
