@@ -6,7 +6,8 @@ to those of ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` and back; they touch
 no file, so any checkpoint format plugs in. :func:`save_hf_directory` and
 :func:`load_hf_directory` write and read the directory ``from_pretrained``
 reads: ``config.json`` (scheduler/hf_config.py), ``model.safetensors`` (or
-sharded ``model-*.safetensors`` with their index) and ``tokenizer.json``.
+sharded ``model-*.safetensors`` with their index) and ``tokenizer.json``
+(with a ``tokenizer_config.json`` that lets ``AutoTokenizer`` read it).
 
 Two layout differences, handled here:
 
@@ -38,6 +39,7 @@ from workers.models import build_model
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 StateDict = dict[str, torch.Tensor]
 
@@ -185,7 +187,11 @@ def save_hf_directory(
         written = [out_dir / CONFIG_NAME, out_dir / WEIGHTS_NAME]
         if tokenizer is not None:
             shutil.copyfile(tokenizer, out_dir / TOKENIZER_NAME)
-            written.append(out_dir / TOKENIZER_NAME)
+            # Tells AutoTokenizer to read tokenizer.json as it is, whatever the model type.
+            (out_dir / TOKENIZER_CONFIG_NAME).write_text(
+                json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}) + "\n"
+            )
+            written += [out_dir / TOKENIZER_NAME, out_dir / TOKENIZER_CONFIG_NAME]
     except OSError as exc:
         raise HetschedError(f"export: cannot write {out_dir}: {exc.strerror or exc}") from exc
     return written

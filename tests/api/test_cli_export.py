@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from api.cli import main
+from api.commands.prepare_data import train_tokenizer
 from scheduler.hf_config import hf_config_from_preset
 from scheduler.models import get_preset, preset_to_dict
 from workers.models import build_model
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("tokenizers")
 
 LLAMA = get_preset("llama-tiny")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +32,8 @@ def test_export_a_torch_checkpoint_loads_in_transformers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = build_model(LLAMA, seed=4).eval()
-    (tmp_path / "tok.json").write_text('{"version": "1.0"}')
+    tokenizer = train_tokenizer("the cat sat on the mat; the dog sat on the log. " * 50, 300)
+    tokenizer.save(str(tmp_path / "tok.json"))
     torch.save(
         {"model": model.state_dict(), "preset": preset_to_dict(LLAMA), "tokenizer": "tok.json"},
         tmp_path / "run.pt",
@@ -44,7 +47,10 @@ def test_export_a_torch_checkpoint_loads_in_transformers(
         "config.json",
         "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
     ]
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tokenizer("the dog sat").input_ids == tokenizer.encode("the dog sat").ids
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     x = torch.randint(0, 256, (1, LLAMA.seq_len))
     with torch.no_grad():
