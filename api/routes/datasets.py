@@ -146,6 +146,15 @@ def _check_content(name: str, part: Path, root: Path) -> None:
         409: {"model": ErrorPublic, "description": "A file of that name exists"},
         413: {"model": ErrorPublic, "description": "Larger than HETSCHED_MAX_UPLOAD_BYTES"},
     },
+    # The body is the file itself, streamed: documented here, read from the request.
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
 )
 async def upload_dataset(
     request: Request,
