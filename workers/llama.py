@@ -73,7 +73,7 @@ class Rotary(nn.Module):
 class Attention(nn.Module):
     """Causal self-attention; ``nh / nkv`` query heads share each key/value head."""
 
-    def __init__(self, preset: ModelPreset) -> None:
+    def __init__(self, preset: ModelPreset, rotary: Rotary) -> None:
         super().__init__()
         C, hs = preset.d_model, preset.head_dim
         self.num_heads, self.num_kv_heads = preset.num_heads, preset.num_kv_heads
@@ -81,7 +81,7 @@ class Attention(nn.Module):
         self.k = nn.Linear(C, self.num_kv_heads * hs, bias=False)
         self.v = nn.Linear(C, self.num_kv_heads * hs, bias=False)
         self.proj = nn.Linear(self.num_heads * hs, C, bias=False)
-        self.rotary = Rotary(preset)
+        self.rotary = rotary  # one table per stage, shared by its blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -114,10 +114,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, preset: ModelPreset) -> None:
+    def __init__(self, preset: ModelPreset, rotary: Rotary) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(preset.d_model, preset.norm_eps)
-        self.attn = Attention(preset)
+        self.attn = Attention(preset, rotary)
         self.mlp_norm = RMSNorm(preset.d_model, preset.norm_eps)
         self.mlp = MLP(preset)
 
@@ -164,7 +164,8 @@ class Llama(nn.Module):
         self.first, self.last = first, last
         C, V = preset.d_model, preset.vocab_size
         self.tok_embeddings = nn.Embedding(V, C) if embed else None
-        self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(first, last)})
+        rotary = Rotary(preset)
+        self.blocks = nn.ModuleDict({str(i): Block(preset, rotary) for i in range(first, last)})
         self.norm = RMSNorm(C, preset.norm_eps) if head else None
         self.output = nn.Linear(C, V, bias=False) if head else None
         init_parameters(self, seed=seed, num_layers=preset.num_layers, kind_of=_param_kind)
