@@ -161,10 +161,19 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+TRAINABLE_FAMILIES = ("gpt",)
+"""Families the runtimes build; "llama" joins once they build through
+workers.models.build_model."""
+
+
 def check_trainable(preset: ModelPreset) -> None:
-    """Every family of :data:`scheduler.models.Family` trains (workers.models.build_model)."""
-    if preset.family not in ("gpt", "llama"):
-        raise HetschedError(f"model.family: {preset.family!r} cannot train; known: gpt, llama")
+    """Refuse, before Ray starts, a model the runtimes cannot build."""
+    if preset.family not in TRAINABLE_FAMILIES:
+        raise HetschedError(
+            f"model: {preset.name} is a {preset.family} preset; the trainer builds the "
+            f"{', '.join(TRAINABLE_FAMILIES)} family only (plan it analytically with "
+            "`hetsched plan`)"
+        )
 
 
 def _global_name(name: str) -> str:
