@@ -131,3 +131,43 @@ def test_wrong_family_and_bad_ranges_are_one_line_errors() -> None:
         build_model(LLAMA, seed=0, first=3, last=9)
     with pytest.raises(HetschedError, match="not a parameter of the llama family"):
         piece_of_param(LLAMA, "embed.wte.weight")
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_llama_gradients_are_the_same_whatever_the_split() -> None:
+    """The correctness rule at model level: uneven data-parallel shares (gradients
+    summed) and pipeline stages (gradients handed back across detached boundaries)
+    give one device's full-batch gradient."""
+    data = ByteDataset(None, seq_len=LLAMA.seq_len)
+    G, scale = 6, 1.0 / (6 * LLAMA.seq_len)
+
+    def data_parallel(split: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        model = build_model(LLAMA, seed=2).double()
+        for offset, samples in split:  # one model accumulating = a SUM all-reduce
+            x, y = data.device_batch(seed=0, step=3, global_batch=G, offset=offset, samples=samples)
+            (lm_loss_sum(model(x), y) * scale).backward()
+        return _grads(model)
+
+    whole = data_parallel([(0, G)])
+    uneven = data_parallel([(0, 1), (1, 3), (4, 2)])
+    stages = [
+        build_model(LLAMA, seed=2, first=0, last=1, head=False).double(),
+        build_model(LLAMA, seed=2, first=1, last=3, embed=False, head=False).double(),
+        build_model(LLAMA, seed=2, first=3, embed=False).double(),
+    ]
+    x, y = data.device_batch(seed=0, step=3, global_batch=G, offset=0, samples=G)
+    h1 = stages[0](x)
+    h1_in = h1.detach().requires_grad_()
+    h2 = stages[1](h1_in)
+    h2_in = h2.detach().requires_grad_()
+    (lm_loss_sum(stages[2](h2_in), y) * scale).backward()
+    h2.backward(h2_in.grad)
+    h1.backward(h1_in.grad)
+    piped = {n: g for stage in stages for n, g in _grads(stage).items()}
+    assert whole.keys() == uneven.keys() == piped.keys()
+    for name, grad in whole.items():
+        assert torch.allclose(uneven[name], grad, rtol=1e-9, atol=1e-12), name
+        assert torch.allclose(piped[name], grad, rtol=1e-9, atol=1e-12), name
