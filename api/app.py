@@ -136,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if state.executor is not None:
                 state.executor.shutdown()
+            state.handle.close()
             state.store.engine.dispose()
 
     app = FastAPI(

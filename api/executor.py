@@ -9,6 +9,10 @@ runner thread: profile (cached), plan, then ``workers.session.train`` with
 honouring ``POST /jobs/{id}/stop`` between steps. Two jobs on disjoint
 devices run at once.
 
+Jobs run on the cluster handle's warm device workers (:mod:`workers.pool`),
+started in the background when the executor starts, so a job's first step
+does not wait for processes to start and import torch.
+
 On shutdown running jobs are asked to stop but left RUNNING in the store;
 the next start marks them FAILED ("control plane restarted …"), keeping their
 plan and steps so a later version can resume them.
@@ -64,6 +68,8 @@ class Executor:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="hetsched-dispatch", daemon=True)
         self._thread.start()
+        # Warm every device's worker in the background: the first job then starts warm.
+        threading.Thread(target=self.handle.warm, name="hetsched-warm", daemon=True).start()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         self._closing.set()
@@ -239,6 +245,7 @@ class Executor:
             on_step=on_step,
             should_stop=live.stop.is_set,
             cache_dir=self.profiler.cache_dir,
+            pool=self.handle.pool,
         )
         if result.stopped or result.steps_done < steps:
             return self._stopped(result.steps_done)

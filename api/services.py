@@ -49,6 +49,22 @@ class ClusterHandle:
     message: str = ""
     simulated: bool = True
     ray_address: str | None = None
+    pool: Any = None
+    """The warm workers (:class:`workers.pool.WorkerPool`) when the cluster is available."""
+
+    def warm(self) -> None:
+        """Start every device's worker now, so the first job starts warm (errors logged)."""
+        if self.pool is None:
+            return
+        try:
+            self.pool.warm()
+        except Exception as exc:  # a job will report the device; the service goes on
+            log.warning("could not warm the device workers: %s", _one_line(exc))
+
+    def close(self) -> None:
+        """Stop the warm workers (the service is stopping)."""
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def connect_cluster(settings: Settings) -> ClusterHandle:
@@ -64,9 +80,10 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
                 message=f"cannot connect to Ray at {settings.ray_address}: {unreachable}",
             )
         try:
-            from workers.session import connect_ray
+            from workers.session import WorkerPool, connect_ray
 
             cluster = connect_ray(settings.ray_address)
+            pool = WorkerPool(cluster, simulated=False)
         except Exception as exc:  # Ray raises many types for an unreachable head
             return ClusterHandle(
                 cluster=None,
@@ -76,7 +93,11 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
                 message=f"cannot connect to Ray at {settings.ray_address}: {_one_line(exc)}",
             )
         return ClusterHandle(
-            cluster=cluster, available=True, simulated=False, ray_address=settings.ray_address
+            cluster=cluster,
+            available=True,
+            simulated=False,
+            ray_address=settings.ray_address,
+            pool=pool,
         )
     try:
         cluster = load_cluster(settings.cluster_file)
@@ -89,14 +110,14 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
             message="local Ray not started (HETSCHED_START_RAY=false)",
         )
     try:
-        from workers.session import start_local_ray
+        from workers.session import WorkerPool, start_local_ray
 
         start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
     except Exception as exc:
         return ClusterHandle(
             cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
         )
-    return ClusterHandle(cluster=cluster, available=True)
+    return ClusterHandle(cluster=cluster, available=True, pool=WorkerPool(cluster, simulated=True))
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:
@@ -286,6 +307,7 @@ class Profiler:
                 cache_dir=self.cache_dir,
                 refresh=refresh,
                 simulated=self.handle.simulated,
+                pool=self.handle.pool,
             )
         record = self.store.save_profile(
             key=self._key(model, device_ids),

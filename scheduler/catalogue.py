@@ -2,8 +2,13 @@
 
 Figures are vendor datasheet peaks for dense (not 2:4 sparse) bf16/fp16
 tensor math with fp32 accumulation, which is what mixed-precision training
-runs. Analytic profiles scale them by an efficiency factor; measured profiles
-replace them altogether. Keys are ``MODEL-MEMORY`` as people say them
+runs, and memory bandwidth. Datasheet peaks are not what training sustains:
+analytic profiles (:mod:`scheduler.roofline`) run each kernel at the share of
+peak FLOP/s (``flops_share``) or of bandwidth (``bandwidth_share``) it can
+reach. Most cards reach about half their tensor peak in a training step's
+matrix products; cards capped at 70–75 W (T4, L4) reach much less, because
+they hold their power limit by running far below their boost clock. Measured
+profiles replace all of this. Keys are ``MODEL-MEMORY`` as people say them
 (``H100-80GB``) and are matched case-insensitively.
 """
 
@@ -12,6 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 2**30
+DEFAULT_FLOPS_SHARE = 0.5
+"""Share of peak dense 16-bit tensor FLOP/s a training step's matrix products sustain.
+
+Megatron-LM reaches 52 % of the A100's peak end to end at scale with fused kernels
+(Narayanan et al., SC'21, Table 1); PyTorch eager training of a few-billion-parameter
+GPT typically reaches 40–50 %. The planner's relative speeds, not this level, decide
+splits; ``--efficiency`` overrides it for every device."""
+DEFAULT_BANDWIDTH_SHARE = 0.8
+"""Share of datasheet memory bandwidth that streaming (elementwise) kernels reach:
+STREAM-like copies reach 80–90 % on HBM and GDDR cards."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +43,15 @@ class GpuSpec:
     """Memory bandwidth in GB/s."""
     source: str
     """Where the figures come from."""
+    flops_share: float = DEFAULT_FLOPS_SHARE
+    """Share of ``peak_tflops`` that training matrix products sustain (see module docstring)."""
+    bandwidth_share: float = DEFAULT_BANDWIDTH_SHARE
+    """Share of ``bandwidth_gbps`` that elementwise kernels reach."""
+
+    @property
+    def sustained_tflops(self) -> float:
+        """Tensor TFLOP/s a training step's matrix products sustain."""
+        return self.peak_tflops * self.flops_share
 
     @property
     def memory_bytes(self) -> int:
@@ -106,6 +130,11 @@ _GPUS = [
         memory_gb=24,
         bandwidth_gbps=300,
         source="NVIDIA L4 datasheet (2023)",
+        # 72 W card: it holds its power cap far below its 2040 MHz boost clock. No
+        # published sustained GEMM rate found; 0.2 (24 TFLOP/s, the T4's measured rate)
+        # reproduces the published per-layer GPT-2.7B ratios V100 : L4 ≈ 2.7 and
+        # T4 : L4 ≈ 1 that issue 12 quotes (tests/scheduler/test_roofline.py).
+        flops_share=0.2,
     ),
     GpuSpec(
         key="V100-32GB",
@@ -130,6 +159,10 @@ _GPUS = [
         memory_gb=16,
         bandwidth_gbps=320,
         source="NVIDIA T4 datasheet, fp16 only (2019)",
+        # 70 W card: a 4096³ cuBLAS fp16 GEMM sustains about 24 TFLOP/s, its power cap
+        # holding the clock near base (NVIDIA developer forums, "About GPU peak
+        # performance", 2023, thread 264462): 24 / 65.
+        flops_share=0.37,
     ),
     GpuSpec(
         key="RTX4090-24GB",

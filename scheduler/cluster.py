@@ -10,7 +10,9 @@ Format (DESIGN.md, "Cluster spec")::
             count: 2
             memory_gb: 75        # optional override of the catalogue
     links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
-    simulation: {memory_scale: 0.001}                      # optional
+    simulation:                                            # optional
+      memory_scale: 0.001
+      faults: [{device: node-a/0, at_step: 10, kind: slow, factor: 3}]
 
 Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
 Every error names the offending field (``nodes[1].devices[0].type``) and what
@@ -19,7 +21,7 @@ is allowed; nothing here raises anything but :class:`SpecError`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from scheduler.catalogue import GIB, known_types, lookup
 from scheduler.errors import SpecError
+from scheduler.faults import Fault, fault_from_dict
 
 DEFAULT_INTRA_NODE_GBPS = 600.0
 DEFAULT_INTER_NODE_GBPS = 100.0
@@ -65,6 +68,8 @@ class Links:
 class Simulation:
     memory_scale: float = DEFAULT_MEMORY_SCALE
     """Simulated capacity = memory_gb × memory_scale (GPU-sized memory on a laptop)."""
+    faults: tuple[Fault, ...] = ()
+    """Injected crashes, losses and slow-downs (:mod:`scheduler.faults`), in spec order."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,11 +98,12 @@ class Cluster:
         wanted = set(device_ids)
         for device_id in device_ids:
             self.device(device_id)
+        faults = tuple(f for f in self.simulation.faults if f.device in wanted)
         return Cluster(
             name=self.name,
             devices=tuple(d for d in self.devices if d.id in wanted),
             links=self.links,
-            simulation=self.simulation,
+            simulation=replace(self.simulation, faults=faults),
         )
 
 
@@ -204,15 +210,36 @@ def parse_cluster(data: Any) -> Cluster:
     simulation = Simulation()
     if "simulation" in top:
         raw = _mapping("simulation", top["simulation"])
-        _check_keys("simulation.", raw, {"memory_scale"})
+        _check_keys("simulation.", raw, {"memory_scale", "faults"})
+        raw_faults = raw.get("faults", [])
+        if raw_faults is None:
+            raw_faults = []
+        if not isinstance(raw_faults, list):
+            raise SpecError(f"simulation.faults: must be a list, got {type(raw_faults).__name__}")
+        ids = [d.id for d in devices]
         simulation = Simulation(
             memory_scale=_number(
                 "simulation.memory_scale",
                 raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
                 minimum=1e-9,
-            )
+            ),
+            faults=tuple(
+                fault_from_dict(f"simulation.faults[{i}]", f, ids) for i, f in enumerate(raw_faults)
+            ),
         )
     return Cluster(name=name, devices=tuple(devices), links=links, simulation=simulation)
+
+
+def with_faults(cluster: Cluster, faults: list[Fault] | tuple[Fault, ...]) -> Cluster:
+    """``cluster`` with ``faults`` appended to its spec's (``--fault`` on the command line)."""
+    for fault in faults:
+        if fault.device not in cluster.ids:
+            raise SpecError(
+                f"--fault {str(fault)!r}: unknown device {fault.device!r}; "
+                f"known: {', '.join(cluster.ids)}"
+            )
+    simulation = replace(cluster.simulation, faults=(*cluster.simulation.faults, *faults))
+    return replace(cluster, simulation=simulation)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -242,9 +269,12 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
         if d.peak_tflops != gpu.peak_tflops:
             entry["tflops"] = d.peak_tflops
         nodes.setdefault(d.node, []).append(entry)
+    simulation: dict[str, Any] = {"memory_scale": cluster.simulation.memory_scale}
+    if cluster.simulation.faults:
+        simulation["faults"] = [f.to_dict() for f in cluster.simulation.faults]
     return {
         "name": cluster.name,
         "nodes": [{"name": n, "devices": devs} for n, devs in nodes.items()],
         "links": cluster.links.to_dict(),
-        "simulation": {"memory_scale": cluster.simulation.memory_scale},
+        "simulation": simulation,
     }

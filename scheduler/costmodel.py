@@ -5,7 +5,10 @@ at most ``m`` samples is busy ``k·fixed_s + n·per_sample_s`` and peaks at
 ``static_bytes + m·per_sample_bytes``. A step takes the slowest device's busy
 time plus a ring all-reduce of the gradients, ``2(N−1)/N · bytes / bandwidth``
 over the slowest link of the ring (Patarasuk & Yuan, "Bandwidth optimal
-all-reduce algorithms for clusters of workstations", 2009).
+all-reduce algorithms for clusters of workstations", 2009). With activation
+recomputation a device has one ``(fixed_s, per_sample_s, per_sample_bytes)``
+per mode (:meth:`DeviceProfile.options`); the planner runs each device in the
+fastest mode that fits (:mod:`scheduler.planner`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each pipeline is partitioned exactly as in :mod:`scheduler.stages` (with the
 conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
-valid whatever share it gets). The global batch is cut into ``M`` micro-batches
+valid whatever share it gets, and each stage's recomputation mode chosen
+there). The global batch is cut into ``M`` micro-batches
 of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
 micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
 pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
@@ -79,10 +80,21 @@ class Partitioner:
 
     def __init__(self, tied: Tied) -> None:
         self.tied = tied
-        self._cache: dict[tuple[object, ...], Chain | None] = {}
+        self._cache: dict[tuple[int, ...], Chain | None] = {}
+        self._figures: dict[tuple[int, object], int] = {}
+        self._codes: dict[str, int] = {}
+        """Device id -> index of its figures: hashing a device's figures (layers with
+        recomputation figures) once per plan rather than once per lookup."""
+
+    def _code(self, d: DeviceProfile) -> int:
+        code = self._codes.get(d.id)
+        if code is None:
+            code = self._figures.setdefault((d.capacity_bytes, d.layers), len(self._figures))
+            self._codes[d.id] = code
+        return code
 
     def __call__(self, group: Group, micro_batch: int) -> Chain | None:
-        key = (micro_batch, *((d.capacity_bytes, d.layers) for d in group))
+        key = (micro_batch, *(self._code(d) for d in group))
         if key not in self._cache:
             self._cache[key] = partition(
                 group,

@@ -7,10 +7,11 @@ Model Training on GPU Clusters Using Megatron-LM" (2021): forward costs two
 FLOPs per weight per token plus ``4·s²·h`` per layer for attention scores, and
 backward twice the forward. Activation memory per layer follows Korthikanti
 et al., "Reducing Activation Recomputation in Large Transformer Models"
-(2022), eq. 1 with ``t = 1``: ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit
-precision. Model states under AdamW mixed precision take 16 bytes per
-parameter (Rajbhandari et al., ZeRO, 2020: fp16 weights and gradients, fp32
-master weights, momentum and variance).
+(2022), eq. 1 with ``t = 1``, for the attention kernel the model runs and
+the recomputation chosen (:mod:`scheduler.activations`). Model states
+under AdamW mixed precision take 16 bytes per parameter (Rajbhandari et al.,
+ZeRO, 2020: fp16 weights and gradients, fp32 master weights, momentum and
+variance).
 
 Legend: ``s`` sequence length, ``h`` d_model, ``a`` heads, ``L`` layers,
 ``V`` vocabulary, ``f`` MLP hidden size.
@@ -22,6 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from scheduler.activations import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
+    BlockShape,
+    Recompute,
+    Stored,
+    stored,
+)
 from scheduler.errors import HetschedError
 
 Family = Literal["gpt", "llama"]
@@ -55,8 +64,16 @@ class ModelPreset:
     """Base of the rotary position embedding's frequencies (llama)."""
     gelu_approximate: Literal["none", "tanh"] = "none"
     """GPT's MLP activation: exact GELU, or the tanh approximation GPT-2 was trained with."""
+    attention: AttentionKernel = "memory_efficient"
+    """The ``scaled_dot_product_attention`` kernel the block runs; it sets what attention
+    keeps for the backward pass (:mod:`scheduler.activations`)."""
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise HetschedError(
+                f"model.attention: unknown kernel {self.attention!r}; "
+                f"allowed: {', '.join(ATTENTION_KERNELS)}"
+            )
         for field_name in ("num_layers", "d_model", "num_heads", "d_ff", "vocab_size", "seq_len"):
             value = getattr(self, field_name)
             if value < 1:
@@ -162,22 +179,51 @@ class ModelPreset:
         return GRADIENT_BYTES_PER_PARAM * self.num_params
 
     @property
+    def block_shape(self) -> BlockShape:
+        return BlockShape(
+            family=self.family,
+            seq_len=self.seq_len,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+        )
+
+    def block_stored(self, recompute: Recompute = "none") -> Stored:
+        """What one block keeps per sample, and recomputes, under ``recompute``."""
+        return stored(
+            self.block_shape,
+            kernel=self.attention,
+            recompute=recompute,
+            block_forward_flops=self.block_flops_per_sample / 3,
+        )
+
+    @property
     def activation_bytes_per_sample_per_layer(self) -> int:
-        """Korthikanti et al. eq. 1 (no tensor parallelism, no recomputation)."""
-        s, h, a = self.seq_len, self.d_model, self.num_heads
-        return int(s * h * 34 + 5 * a * s * s)
+        """Korthikanti et al. eq. 1 for this model's attention kernel, no recomputation."""
+        return self.block_stored("none").bytes
 
     @property
     def head_activation_bytes_per_sample(self) -> int:
         """Embedding output plus fp32 logits kept for the cross-entropy (``4·s·V``)."""
         return 2 * self.seq_len * self.d_model + 4 * self.seq_len * self.vocab_size
 
-    @property
-    def activation_bytes_per_sample(self) -> int:
+    def activation_bytes_per_sample_with(self, recompute: Recompute) -> int:
+        """Peak activation bytes per sample of a whole model under ``recompute``."""
+        block = self.block_stored(recompute)
         return (
-            self.num_layers * self.activation_bytes_per_sample_per_layer
+            self.num_layers * block.bytes
+            + block.transient_bytes
             + self.head_activation_bytes_per_sample
         )
+
+    @property
+    def activation_bytes_per_sample(self) -> int:
+        return self.activation_bytes_per_sample_with("none")
+
+    def flops_per_sample_with(self, recompute: Recompute) -> float:
+        """Forward + backward FLOPs per sample, with the forward work ``recompute`` repeats."""
+        extra = self.num_layers * self.block_stored(recompute).extra_forward_flops
+        return self.flops_per_sample + extra
 
     @property
     def boundary_bytes_per_sample(self) -> int:

@@ -15,7 +15,9 @@ since a slow stage or a longer bubble can cost more than it brings. Micro-batch
 sizes are tried over powers of two (and the whole batch); the global batch
 is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow; among
 plans predicted within 5 % of the fastest the one with the largest micro-batches
-is kept (:data:`LARGER_MICRO_BATCH_MARGIN`).
+is kept (:data:`LARGER_MICRO_BATCH_MARGIN`). Each stage runs its blocks with
+the activation recomputation its partition chose (:mod:`scheduler.stages`);
+the plan entry says which in ``recompute``.
 """
 
 from __future__ import annotations
@@ -184,10 +186,11 @@ def stage_plans(
         lp = layers_of(st.device)
         k = st.last - st.first
         flags = {"first": s == 0, "last": s == len(chain.stages) - 1}
+        mode = st.recompute
         busy = (
-            num_micro_batches * stage_time_s(lp, k, 0, **flags)
-            + samples * stage_time_s(lp, k, 1, **flags)
-            - samples * stage_time_s(lp, k, 0, **flags)
+            num_micro_batches * stage_time_s(lp, k, 0, recompute=mode, **flags)
+            + samples * stage_time_s(lp, k, 1, recompute=mode, **flags)
+            - samples * stage_time_s(lp, k, 0, recompute=mode, **flags)
         )
         out.append(
             DevicePlan(
@@ -201,6 +204,7 @@ def stage_plans(
                 layers=(st.first, st.last),
                 stage=s,
                 pipeline=pipeline,
+                recompute=mode,
             )
         )
     return out
@@ -209,8 +213,9 @@ def stage_plans(
 def exclusion_reason(device: DeviceProfile, tied: Tied) -> str:
     """Why ``device`` is left out of every pipeline."""
     lp = layers_of(device)
+    block = min(o.per_sample_bytes + o.transient_bytes_per_sample for o in lp.block.options())
     smallest = min(
-        lp.block.static_bytes + lp.block.per_sample_bytes,
+        lp.block.static_bytes + block,
         lp.embed.static_bytes + lp.embed.per_sample_bytes,
         lp.head.static_bytes + tied.state_bytes + lp.head.per_sample_bytes,
     )
@@ -231,16 +236,19 @@ def no_fit_message(devices: Sequence[DeviceProfile], tied: Tied) -> str:
         + lp.head.static_bytes
         + tied.state_bytes
     )
+    least = min(lp.block.options(), key=lambda o: o.per_sample_bytes)
     act = (
         lp.embed.per_sample_bytes
-        + lp.num_blocks * lp.block.per_sample_bytes
+        + lp.num_blocks * least.per_sample_bytes
+        + least.transient_bytes_per_sample
         + lp.head.per_sample_bytes
     )
     capacity = sum(d.capacity_bytes for d in devices)
     return (
         f"no pipeline over {len(devices)} devices fits: model states {format_bytes(states)} plus "
-        f"{format_bytes(act)} of activations per sample (held for several micro-batches "
-        "under 1F1B) "
+        f"{format_bytes(act)} of activations per sample"
+        + (f" with {least.recompute} recomputation" if least.recompute != "none" else "")
+        + " (held for several micro-batches under 1F1B) "
         f"against {format_bytes(capacity)} of capacity in total, spread over devices that must "
         "each hold whole blocks"
     )

@@ -4,7 +4,9 @@ A plan is the contract between the planner, the runtimes, the API and the
 dashboard. Data-parallel plans leave ``layers`` empty; pipeline plans give
 each device its ``[first, last)`` block range, its ``stage`` within its
 ``pipeline``, and every device of a pipeline processes all of that
-pipeline's samples.
+pipeline's samples. ``recompute`` says which activation recomputation the
+device runs its blocks with (:mod:`scheduler.activations`); documents
+written before it existed mean ``none``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from scheduler.activations import RECOMPUTE_MODES, Recompute
 from scheduler.errors import PlanError
 
 Strategy = Literal["auto", "dp", "even", "proportional", "pp", "hybrid"]
@@ -42,6 +45,16 @@ class DevicePlan:
     so a boundary stage may hold no block at all (``first == last``)."""
     stage: int | None = None
     pipeline: int | None = None
+    recompute: Recompute = "none"
+    """Activation recomputation of its blocks: ``none``, ``selective`` (the attention
+    core) or ``full`` (each block from its input), with ``torch.utils.checkpoint``."""
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise PlanError(
+                f"plan: device {self.id}: recompute {self.recompute!r} is not one of "
+                f"{', '.join(RECOMPUTE_MODES)}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,6 +66,7 @@ class DevicePlan:
             "peak_bytes": self.peak_bytes,
             "offset": self.offset,
             "layers": list(self.layers) if self.layers is not None else None,
+            "recompute": self.recompute,
         }
         if self.stage is not None:
             out["stage"] = self.stage
@@ -141,6 +155,7 @@ def plan_from_dict(data: Any) -> Plan:
                 else None,
                 stage=d.get("stage"),
                 pipeline=d.get("pipeline"),
+                recompute=d.get("recompute", "none"),
             )
             for d in data["devices"]
         )

@@ -3,10 +3,18 @@
 A profile (DESIGN.md, "Profile") is the planner's only input about hardware.
 It comes either from measurement (``workers/`` profiler) or, to plan for
 clusters one does not have, from the GPU catalogue and a model preset
-(:func:`analytic_profile`): per-sample time is the model's FLOPs over the
-device's peak times an efficiency factor (MFU), and the fixed time per
-micro-batch is the weights read three times (forward, two backward GEMMs)
-at memory bandwidth plus a launch overhead per layer.
+(:func:`analytic_profile`): every piece of the model (embedding, block,
+head) as a roofline on the device's sustained FLOP/s and memory bandwidth
+(:mod:`scheduler.roofline`), and its saved activations for the attention
+kernel the model runs (:mod:`scheduler.activations`).
+
+**Recomputation.** A device (and a per-layer block) may carry figures for
+``selective`` and ``full`` activation recomputation besides its plain ones
+(``"recompute": {"full": {"per_sample_bytes": …, "per_sample_s": …}}``): less
+memory per sample, more time. The profiler may measure them; where a
+document lacks them and its model is a known preset, they are derived from
+the plain figures by the analytic ratios of that model (bytes and time under
+the mode over bytes and time without), so measured figures stay the base.
 """
 
 from __future__ import annotations
@@ -17,97 +25,40 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.activations import RECOMPUTE_MODES, Recompute, Stored
 from scheduler.capacity import usable_capacity_bytes
+from scheduler.catalogue import DEFAULT_FLOPS_SHARE, lookup
 from scheduler.cluster import Cluster, Links
+from scheduler.costs import (
+    DeviceProfile,
+    LayerCost,
+    LayerProfile,
+    Option,
+    RecomputeCost,
+    with_derived_recompute,
+)
 from scheduler.errors import ProfileError
-from scheduler.models import ModelPreset
+from scheduler.models import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
+from scheduler.roofline import PieceTime, Rates, block_time, embed_time, head_time
 
-DEFAULT_EFFICIENCY = 0.4
-"""Model FLOP utilisation assumed by analytic profiles; 30–50 % is typical."""
-LAUNCH_OVERHEAD_PER_LAYER_S = 50e-6
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DeviceProfile",
+    "LayerCost",
+    "LayerProfile",
+    "Option",
+    "Profile",
+    "RecomputeCost",
+    "analytic_layers",
+    "analytic_profile",
+    "load_profile",
+    "profile_from_dict",
+    "save_profile",
+    "with_derived_recompute",
+]
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LayerCost:
-    """Cost of one piece of the model (embedding, one block, head) on a device."""
-
-    fixed_s: float
-    per_sample_s: float
-    static_bytes: int
-    """Parameters, gradients and optimizer state of this piece."""
-    per_sample_bytes: int
-    """Saved activations per sample."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "fixed_s": self.fixed_s,
-            "per_sample_s": self.per_sample_s,
-            "static_bytes": self.static_bytes,
-            "per_sample_bytes": self.per_sample_bytes,
-        }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LayerProfile:
-    """Per-layer figures for pipeline planning (profile JSON: device ``layers``)."""
-
-    num_blocks: int
-    embed: LayerCost
-    block: LayerCost
-    head: LayerCost
-    boundary_bytes_per_sample: int
-    """Activation bytes sent between consecutive stages, per sample."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_blocks": self.num_blocks,
-            "embed": self.embed.to_dict(),
-            "block": self.block.to_dict(),
-            "head": self.head.to_dict(),
-            "boundary_bytes_per_sample": self.boundary_bytes_per_sample,
-        }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DeviceProfile:
-    id: str
-    node: str
-    type: str
-    capacity_bytes: int
-    """Usable memory budget (headroom already taken off)."""
-    static_bytes: int
-    """Model states: weights, gradients, optimizer state."""
-    per_sample_bytes: int
-    """Saved activations per sample of a micro-batch."""
-    fixed_s: float
-    """Time per micro-batch independent of its size."""
-    per_sample_s: float
-    """Forward + backward time per sample."""
-    layers: LayerProfile | None = None
-
-    def max_micro_batch(self) -> int:
-        """Largest micro-batch that fits; 0 when the model states alone do not."""
-        free = self.capacity_bytes - self.static_bytes
-        if free < self.per_sample_bytes:
-            return 0
-        if self.per_sample_bytes == 0:
-            return 2**31
-        return free // self.per_sample_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "node": self.node,
-            "type": self.type,
-            "capacity_bytes": self.capacity_bytes,
-            "static_bytes": self.static_bytes,
-            "per_sample_bytes": self.per_sample_bytes,
-            "fixed_s": self.fixed_s,
-            "per_sample_s": self.per_sample_s,
-        }
-        if self.layers is not None:
-            out["layers"] = self.layers.to_dict()
-        return out
+DEFAULT_EFFICIENCY = DEFAULT_FLOPS_SHARE
+"""Share of peak FLOP/s ``--efficiency`` suggests; by default each GPU's own share applies."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,6 +80,19 @@ class Profile:
     def subset(self, device_ids: list[str]) -> Profile:
         wanted = set(device_ids)
         return replace(self, devices=tuple(d for d in self.devices if d.id in wanted))
+
+    def without_recompute(self) -> Profile:
+        """This profile with no recomputation figures: plans then never recompute
+        (for a runtime or a user that does not checkpoint activations)."""
+
+        def plain(d: DeviceProfile) -> DeviceProfile:
+            layers = d.layers
+            if layers is not None:
+                block = replace(layers.block, selective=None, full=None)
+                layers = replace(layers, block=block)
+            return replace(d, selective=None, full=None, layers=layers)
+
+        return replace(self, devices=tuple(plain(d) for d in self.devices))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,14 +119,46 @@ def _num(
     return value
 
 
+def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
+    """The optional ``recompute`` object: figures per mode."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile: {where} must be an object")
+    out = {}
+    for mode, cost in raw.items():
+        here = f"{where}.{mode}"
+        if mode not in RECOMPUTE_MODES[1:]:
+            raise ProfileError(
+                f"profile: {here}: unknown recomputation mode; allowed: "
+                f"{', '.join(RECOMPUTE_MODES[1:])}"
+            )
+        if not isinstance(cost, dict):
+            raise ProfileError(f"profile: {here} must be an object")
+        out[mode] = RecomputeCost(
+            per_sample_bytes=int(_num(here, cost, "per_sample_bytes", integer=True)),
+            per_sample_s=float(_num(here, cost, "per_sample_s", positive=True)),
+            fixed_s=float(_num(here, cost, "fixed_s")) if "fixed_s" in cost else None,
+            transient_bytes_per_sample=int(
+                _num(here, cost, "transient_bytes_per_sample", integer=True)
+            )
+            if "transient_bytes_per_sample" in cost
+            else 0,
+        )
+    return out
+
+
 def _layer_cost(where: str, raw: Any) -> LayerCost:
     if not isinstance(raw, dict):
         raise ProfileError(f"profile: {where} must be an object")
+    recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
     return LayerCost(
         fixed_s=float(_num(where, raw, "fixed_s")),
         per_sample_s=float(_num(where, raw, "per_sample_s")),
         static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
         per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
+        selective=recompute.get("selective"),
+        full=recompute.get("full"),
     )
 
 
@@ -201,6 +197,7 @@ def profile_from_dict(data: Any) -> Profile:
         if device_id in seen:
             raise ProfileError(f"profile: {where}.id {device_id!r} appears twice")
         seen.add(device_id)
+        recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
         devices.append(
             DeviceProfile(
                 id=device_id,
@@ -214,8 +211,16 @@ def profile_from_dict(data: Any) -> Profile:
                 layers=_layer_profile(f"{where}.layers", raw["layers"])
                 if raw.get("layers")
                 else None,
+                micro_batch_limit=int(_num(where, raw, "micro_batch_limit", integer=True))
+                if raw.get("micro_batch_limit") is not None
+                else None,
+                selective=recompute.get("selective"),
+                full=recompute.get("full"),
             )
         )
+    preset = PRESETS.get(model)
+    if preset is not None:
+        devices = [with_derived_recompute(d, preset) for d in devices]
     raw_links = data.get("links") or {}
     if not isinstance(raw_links, dict):
         raise ProfileError("profile: links must be an object")
@@ -258,32 +263,62 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
 
 
-def analytic_layers(
-    model: ModelPreset, *, peak_flops: float, bandwidth_bytes_s: float, bytes_per_param: int = 16
-) -> LayerProfile:
-    """Per-layer costs of ``model`` on a device of the given effective speed."""
-
-    def cost(params: int, flops: float, act_bytes: int) -> LayerCost:
-        return LayerCost(
-            fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S + 3 * 2 * params / bandwidth_bytes_s,
-            per_sample_s=flops / peak_flops,
-            static_bytes=bytes_per_param * params,
-            per_sample_bytes=act_bytes,
+def _cost(
+    params: int,
+    plain: PieceTime,
+    per_sample_bytes: int,
+    recompute: dict[str, tuple[PieceTime, Stored]] | None = None,
+) -> LayerCost:
+    costs = {
+        mode: RecomputeCost(
+            per_sample_bytes=kept.bytes,
+            per_sample_s=time.per_sample_s,
+            fixed_s=time.fixed_s,
+            transient_bytes_per_sample=kept.transient_bytes,
         )
+        for mode, (time, kept) in (recompute or {}).items()
+    }
+    return LayerCost(
+        fixed_s=plain.fixed_s,
+        per_sample_s=plain.per_sample_s,
+        static_bytes=MIXED_PRECISION_STATE_BYTES_PER_PARAM * params,
+        per_sample_bytes=per_sample_bytes,
+        selective=costs.get("selective"),
+        full=costs.get("full"),
+    )
 
-    embed_flops = 0.0  # a gather, negligible next to the blocks
+
+def analytic_layers(model: ModelPreset, rates: Rates) -> LayerProfile:
+    """Per-layer costs of ``model`` on a device sustaining ``rates`` (:mod:`scheduler.roofline`)."""
+    modes: tuple[Recompute, ...] = ("selective", "full")
     return LayerProfile(
         num_blocks=model.num_layers,
-        embed=cost(model.embed_params, embed_flops, 2 * model.seq_len * model.d_model),
-        block=cost(
-            model.block_params,
-            model.block_flops_per_sample,
-            model.activation_bytes_per_sample_per_layer,
+        embed=_cost(
+            model.embed_params, embed_time(model, rates), 2 * model.seq_len * model.d_model
         ),
-        head=cost(
-            model.head_params, model.head_flops_per_sample, 4 * model.seq_len * model.vocab_size
+        block=_cost(
+            model.block_params,
+            block_time(model, rates),
+            model.activation_bytes_per_sample_per_layer,
+            {m: (block_time(model, rates, m), model.block_stored(m)) for m in modes},
+        ),
+        head=_cost(
+            model.head_params, head_time(model, rates), 4 * model.seq_len * model.vocab_size
         ),
         boundary_bytes_per_sample=model.boundary_bytes_per_sample,
+    )
+
+
+def _whole(layers: LayerProfile, option: Option) -> tuple[float, float, int]:
+    """``(fixed_s, per_sample_s, per_sample_bytes)`` of the whole model with ``option``'s block."""
+    ends = (layers.embed, layers.head)
+    n = layers.num_blocks
+    return (
+        sum(c.fixed_s for c in ends) + n * option.fixed_s,
+        sum(c.per_sample_s for c in ends) + n * option.per_sample_s,
+        sum(c.per_sample_bytes for c in ends)
+        + n * option.per_sample_bytes
+        + option.transient_bytes_per_sample,
     )
 
 
@@ -291,23 +326,30 @@ def analytic_profile(
     cluster: Cluster,
     model: ModelPreset,
     *,
-    efficiency: float = DEFAULT_EFFICIENCY,
+    efficiency: float | None = None,
     simulated: bool = False,
 ) -> Profile:
     """A profile of ``cluster`` training ``model``, from the catalogue alone.
 
+    ``efficiency``: one share of peak FLOP/s for every device instead of each GPU's
+    own (:data:`scheduler.catalogue.DEFAULT_FLOPS_SHARE`, lower for power-capped cards).
     ``simulated``: capacities are those of the cluster's simulated devices
     (:func:`scheduler.capacity.usable_capacity_bytes`).
     """
-    if not 0 < efficiency <= 1:
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
-    from scheduler.catalogue import lookup
-
     devices = []
     for d in cluster.devices:
-        bandwidth_bytes_s = lookup(d.type).bandwidth_gbps * 1e9
-        peak_flops = d.peak_tflops * 1e12 * efficiency
-        layers = analytic_layers(model, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s)
+        rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
+        layers = analytic_layers(model, rates)
+        plain, *recompute = layers.block.options()
+        fixed_s, per_sample_s, per_sample_bytes = _whole(layers, plain)
+        costs = {}
+        for option in recompute:
+            fixed, per_sample, nbytes = _whole(layers, option)
+            costs[option.recompute] = RecomputeCost(
+                per_sample_bytes=nbytes, per_sample_s=per_sample, fixed_s=fixed
+            )
         devices.append(
             DeviceProfile(
                 id=d.id,
@@ -319,11 +361,12 @@ def analytic_profile(
                     memory_scale=cluster.simulation.memory_scale,
                 ),
                 static_bytes=model.model_state_bytes,
-                per_sample_bytes=model.activation_bytes_per_sample,
-                fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S * model.num_layers
-                + 3 * 2 * model.num_params / bandwidth_bytes_s,
-                per_sample_s=model.flops_per_sample / peak_flops,
+                per_sample_bytes=per_sample_bytes,
+                fixed_s=fixed_s,
+                per_sample_s=per_sample_s,
                 layers=layers,
+                selective=costs.get("selective"),
+                full=costs.get("full"),
             )
         )
     return Profile(

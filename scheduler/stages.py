@@ -15,6 +15,11 @@ receiving one message per micro-batch: :data:`P2P_LATENCY_S`), and needs
 
 because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
 micro-batches at once: early stages hold more, so the order of devices matters.
+A stage may run its blocks with activation recomputation (the block's
+``selective`` or ``full`` figures, :mod:`scheduler.activations`): less kept
+per block, more time, plus what one block holds while it is recomputed, once
+per stage. Each stage takes, for every block count, the fastest mode that
+fits its memory, so the partition below stays exact over the modes too.
 A step takes ``Σ_s t_s + (m − 1)·max_s t_s`` (one micro-batch crosses every
 stage, the other ``m − 1`` leave at the bottleneck's pace; with balanced
 stages this is the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m``: Huang et
@@ -35,6 +40,7 @@ over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +48,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from scheduler.activations import RECOMPUTE_MODES, Recompute
 from scheduler.cluster import Links
 from scheduler.costmodel import ring_allreduce_s
+from scheduler.costs import DeviceProfile, LayerCost, LayerProfile, Option
 from scheduler.errors import PlanError
 from scheduler.models import PRESETS
-from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile
+from scheduler.profile import Profile
 
 INF = math.inf
 P2P_LATENCY_S = 1e-3
@@ -107,15 +115,30 @@ def exchange_s(*, first: bool, last: bool) -> float:
     return 2 * neighbours * P2P_LATENCY_S
 
 
+def block_option(lp: LayerProfile, recompute: Recompute) -> Option:
+    """The block's figures under ``recompute``; PlanError if the profile lacks them."""
+    for option in lp.block.options():
+        if option.recompute == recompute:
+            return option
+    raise PlanError(f"profile: no block figures for {recompute} recomputation")
+
+
 def stage_time_s(
-    lp: LayerProfile, num_blocks: int, micro_batch: int, *, first: bool, last: bool
+    lp: LayerProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    first: bool,
+    last: bool,
+    recompute: Recompute = "none",
 ) -> float:
     """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks."""
     ends = _ends(lp, first=first, last=last)
+    block = block_option(lp, recompute)
     return (
         ends.fixed_s
-        + num_blocks * lp.block.fixed_s
-        + micro_batch * (ends.per_sample_s + num_blocks * lp.block.per_sample_s)
+        + num_blocks * block.fixed_s
+        + micro_batch * (ends.per_sample_s + num_blocks * block.per_sample_s)
     )
 
 
@@ -128,14 +151,18 @@ def stage_bytes(
     first: bool,
     last: bool,
     tied_state_bytes: int = 0,
+    recompute: Recompute = "none",
 ) -> int:
-    """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations."""
+    """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations,
+    plus one block's while it is recomputed."""
     ends = _ends(lp, first=first, last=last)
+    block = block_option(lp, recompute)
     states = ends.static_bytes + num_blocks * lp.block.static_bytes
     if last and not first:
         states += tied_state_bytes
-    act = ends.per_sample_bytes + num_blocks * lp.block.per_sample_bytes
-    return states + in_flight * micro_batch * act
+    act = ends.per_sample_bytes + num_blocks * block.per_sample_bytes
+    transient = block.transient_bytes_per_sample if num_blocks else 0
+    return states + in_flight * micro_batch * act + micro_batch * transient
 
 
 def layers_of(device: DeviceProfile) -> LayerProfile:
@@ -169,6 +196,8 @@ class Stage:
     time_s: float
     """Forward + backward of one (largest) micro-batch, plus its messages (:func:`exchange_s`)."""
     peak_bytes: int
+    recompute: Recompute = "none"
+    """How its blocks keep activations (module docstring)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,6 +222,32 @@ class Chain:
         return self.total_s + (num_micro_batches - 1) * self.slowest_s
 
 
+@functools.lru_cache(maxsize=4096)
+def _block_modes(
+    block: LayerCost,
+) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray, FloatArray, FloatArray]:
+    """A block's modes as columns, less recomputation first (``argmin`` keeps it on ties):
+    mode indices, then fixed_s, per_sample_s, kept and transient bytes, each ``(modes, 1)``.
+    Memoised by the block's figures (read-only arrays): a plan partitions the same
+    figures thousands of times."""
+    options = block.options()
+
+    def column(values: list[float]) -> FloatArray:
+        out = np.array(values, dtype=np.float64)[:, None]
+        out.setflags(write=False)  # shared by every caller of the cache
+        return out
+
+    modes = np.array([RECOMPUTE_MODES.index(o.recompute) for o in options], dtype=np.int64)
+    modes.setflags(write=False)
+    return (
+        modes,
+        column([o.fixed_s for o in options]),
+        column([o.per_sample_s for o in options]),
+        column([o.per_sample_bytes for o in options]),
+        column([o.transient_bytes_per_sample for o in options]),
+    )
+
+
 def _stage_arrays(
     device: DeviceProfile,
     num_blocks: int,
@@ -202,25 +257,34 @@ def _stage_arrays(
     first: bool,
     last: bool,
     tied_state_bytes: int,
-) -> FloatArray:
-    """Time of this stage for 0..num_blocks blocks, ``∞`` where memory does not fit."""
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Time of this stage for 0..num_blocks blocks with its fastest mode that fits memory
+    (``∞`` where none does), and that mode's index in :data:`RECOMPUTE_MODES`."""
     lp = layers_of(device)
-    k = np.arange(num_blocks + 1, dtype=np.float64)
+    modes, fixed, per_sample, kept, transient = _block_modes(lp.block)
+    k = np.arange(num_blocks + 1, dtype=np.float64)[None, :]  # (1, K+1)
     ends = _ends(lp, first=first, last=last)
     time = (
         ends.fixed_s
-        + k * lp.block.fixed_s
-        + micro_batch * (ends.per_sample_s + k * lp.block.per_sample_s)
+        + k * fixed
+        + micro_batch * (ends.per_sample_s + k * per_sample)
         + exchange_s(first=first, last=last)
-    )
+    )  # (modes, K+1)
     states = ends.static_bytes + k * lp.block.static_bytes
     if last and not first:
         states = states + tied_state_bytes
-    mem = states + in_flight * micro_batch * (ends.per_sample_bytes + k * lp.block.per_sample_bytes)
-    time[mem > device.capacity_bytes] = INF
+    mem = (
+        states
+        + in_flight * micro_batch * (ends.per_sample_bytes + k * kept)
+        + micro_batch * np.where(k > 0, transient, 0.0)
+    )
+    time = np.where(mem > device.capacity_bytes, INF, time)
+    chosen = time.argmin(axis=0)
+    best = np.asarray(time.min(axis=0), dtype=np.float64)
+    mode = modes[chosen]
     if not first and not last:
-        time[0] = INF  # a middle stage without blocks would only forward tensors
-    return time
+        best[0] = INF  # a middle stage without blocks would only forward tensors
+    return best, mode
 
 
 def partition(
@@ -242,7 +306,7 @@ def partition(
                 f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
                 f"{devices[0].id} has {num_blocks}"
             )
-    costs = [
+    arrays = [
         _stage_arrays(
             d,
             num_blocks,
@@ -254,6 +318,7 @@ def partition(
         )
         for s, d in enumerate(devices)
     ]
+    costs = [time for time, _ in arrays]
     i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
     span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
     valid = span >= 0
@@ -295,12 +360,15 @@ def partition(
         first_blk, last_blk = bounds[s], bounds[s + 1]
         lp = layers_of(d)
         flags = {"first": s == 0, "last": s == p - 1}
+        recompute = RECOMPUTE_MODES[int(arrays[s][1][last_blk - first_blk])]
         stages.append(
             Stage(
                 device=d,
                 first=first_blk,
                 last=last_blk,
-                time_s=stage_time_s(lp, last_blk - first_blk, micro_batch, **flags)
+                time_s=stage_time_s(
+                    lp, last_blk - first_blk, micro_batch, recompute=recompute, **flags
+                )
                 + exchange_s(**flags),
                 peak_bytes=stage_bytes(
                     lp,
@@ -308,8 +376,10 @@ def partition(
                     micro_batch,
                     in_flight=in_flight[s],
                     tied_state_bytes=tied_state_bytes,
+                    recompute=recompute,
                     **flags,
                 ),
+                recompute=recompute,
             )
         )
     return Chain(stages=tuple(stages), micro_batch=micro_batch)

@@ -1,4 +1,4 @@
-"""Ray plumbing shared by the profiler and the runtimes: placement, gathering, failure.
+"""Ray plumbing shared by the pool, the profiler and the driver: placement, gathering, failure.
 
 Placement (DESIGN.md, "Implementation notes"): every actor asks for
 ``num_cpus=0`` (so more simulated devices than cores can be placed) and
@@ -17,8 +17,6 @@ communication errors of the peers last.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -63,14 +61,6 @@ def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
         log_to_driver=False,
         configure_logging=True,
     )
-
-
-def free_port() -> tuple[str, int]:
-    """An address of this node and a free TCP port on it (rank 0's rendezvous)."""
-    host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return host, int(sock.getsockname()[1])
 
 
 def actor_options(device: Device, *, simulated: bool, name: str | None = None) -> dict[str, Any]:
@@ -159,10 +149,3 @@ def gather(
         slow = ", ".join(device_ids[index[r]] for r in pending)
         raise WorkerError(f"{slow}: no answer to {what} within {timeout_s:.0f} s")
     return results
-
-
-def kill_all(actors: Sequence[Any]) -> None:
-    """End actors now; a hung collective cannot keep them (or the run) alive."""
-    for actor in actors:
-        with contextlib.suppress(Exception):  # already gone is fine
-            ray.kill(actor, no_restart=True)

@@ -17,13 +17,14 @@ import platform
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import ray
 import torch
 
 from scheduler.models import ModelPreset
 from workers.data import ByteDataset
-from workers.devices import HostCalibration
 from workers.model import lm_loss_sum
 from workers.models import build_model
 
@@ -31,6 +32,17 @@ CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 CALIBRATION_REPEATS = 5
 _MEMO: dict[str, HostCalibration] = {}
 _LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostCalibration:
+    """This host's uncontended, single-thread forward+backward time of one model."""
+
+    fixed_s: float
+    per_sample_s: float
+
+    def time_s(self, micro_batch: int) -> float:
+        return self.fixed_s + micro_batch * self.per_sample_s
 
 
 def default_cache_dir() -> Path:
@@ -94,8 +106,6 @@ def measure_host(
 
 def _measure_remote(preset: ModelPreset) -> HostCalibration:
     """Run :func:`measure_host` in a fresh Ray worker (one thread, like the device actors)."""
-    import ray
-
     task = ray.remote(num_cpus=0)(measure_host)
     return ray.get(task.remote(preset))
 
@@ -119,8 +129,6 @@ def calibrate_host(
                 return cal
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # unreadable cache: measure again
-        import ray
-
         cal = _measure_remote(preset) if ray.is_initialized() else measure_host(preset)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(

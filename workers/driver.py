@@ -1,30 +1,56 @@
-"""The driver's side of a training run, shared by the data-parallel and pipeline runtimes.
+"""The driver's side of every run: the one loop, for every strategy.
 
-Both runtimes spawn one actor per device whose ``rendezvous()`` (rank 0
-only) returns an address and free port on its node, whose ``setup(addr,
-port)`` joins the job's process group, whose ``step(t)`` runs global step
-``t`` in lockstep and returns ``{"loss", "busy_s", "wait_s", "peak_bytes"}``,
-and whose ``shutdown()`` destroys the group. This module forms the group,
-drives the steps (``should_stop`` between steps, each step to ``on_step``),
-and turns the history into a :class:`TrainResult`. Keeping the loop in one
-place lets resume-from-checkpoint and re-planning be added once for both.
+:func:`run` takes warm actors from a :class:`~workers.pool.WorkerPool`, hands
+rank 0's address and port to every rank and joins them into the run's
+process group, restores a state if given, drives the steps in lockstep
+(``should_stop`` between steps, each step to ``on_step``), optionally reads
+the final state back, and has every rank leave the group. A run that fails
+gives its actors back to the pool to be replaced (a stuck collective cannot
+be left cleanly) and raises :class:`~workers.errors.WorkerError` naming the
+device. Data-parallel and pipeline ranks differ only in their
+:class:`~workers.spec.RankSpec`; checkpoints, recovery and re-planning are
+written here once for all of them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scheduler.plan import Plan
 from workers.actors import gather
+from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.errors import WorkerError
-from workers.records import DeviceStep, StepMetrics, TrainResult, median_devices
+from workers.pool import WorkerPool
+from workers.records import RankStep, StepMetrics, TrainResult, median_devices
+from workers.spec import RankSpec, RunSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checkpointing:
+    """When and where a run writes checkpoints (:mod:`workers.checkpoint`)."""
+
+    root: str
+    """The job's storage location: a directory or an fsspec URI every node can reach."""
+    every_steps: int | None = 50
+    """Write after every this many steps (None: not by steps)."""
+    every_s: float | None = None
+    """Write when this many seconds passed since the last one (None: not by time)."""
+    keep_last: int = 2
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """What the caller adds to every manifest (the job spec, ...)."""
+
+    def due(self, step: int, since_s: float) -> bool:
+        by_steps = self.every_steps is not None and (step + 1) % self.every_steps == 0
+        by_time = self.every_s is not None and since_s >= self.every_s
+        return by_steps or by_time
+
 
 SETUP_TIMEOUT_S = 180.0
-"""Actor start-up and process-group formation, generous for a loaded host."""
+"""Process-group formation and model build, generous for a loaded host."""
 SHUTDOWN_TIMEOUT_S = 30.0
 
 
@@ -33,13 +59,15 @@ def step_timeout_s(plan: Plan) -> float:
     return max(60.0, 20.0 * plan.predicted_step_s)
 
 
-def form_group(actors: Sequence[Any], ids: Sequence[str]) -> None:
-    """Hand rank 0's address and port to every actor and join the process group."""
+def form_group(
+    actors: Sequence[Any], ids: Sequence[str], run: RunSpec, ranks: Sequence[RankSpec]
+) -> None:
+    """Hand rank 0's address and port to every rank and join the run."""
     addr, port = gather(
         [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
     )[0]
     gather(
-        [a.setup.remote(addr, port) for a in actors],
+        [a.join.remote(run, r, addr, port) for a, r in zip(actors, ranks, strict=True)],
         ids,
         timeout_s=SETUP_TIMEOUT_S,
         what="process-group setup",
@@ -63,11 +91,11 @@ def run_steps(
         if should_stop is not None and should_stop():
             return history, True
         begin = time.perf_counter()
-        out = gather(
+        out: list[RankStep] = gather(
             [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
         )
         step_s = time.perf_counter() - begin
-        loss = out[0]["loss"]
+        loss = out[0].loss
         if not math.isfinite(loss):
             raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
         metrics = StepMetrics(
@@ -75,12 +103,7 @@ def run_steps(
             loss=loss,
             step_s=step_s,
             samples_per_s=plan.global_batch / step_s,
-            devices=tuple(
-                DeviceStep(
-                    id=i, busy_s=o["busy_s"], wait_s=o["wait_s"], peak_bytes=int(o["peak_bytes"])
-                )
-                for i, o in zip(ids, out, strict=True)
-            ),
+            devices=tuple(o.device for o in out),
         )
         history.append(metrics)
         if on_step is not None:
@@ -88,21 +111,153 @@ def run_steps(
     return history, False
 
 
-def shut_down(actors: Sequence[Any], ids: Sequence[str]) -> None:
-    """Destroy the process groups; the run's results stand even if this fails
-    (the caller kills the actors afterwards anyway)."""
-    with contextlib.suppress(WorkerError):
-        gather(
-            [a.shutdown.remote() for a in actors],
-            ids,
-            timeout_s=SHUTDOWN_TIMEOUT_S,
-            what="shutdown",
-        )
+def whole_model_state(
+    actors: Sequence[Any], ids: Sequence[str], ranks: Sequence[RankSpec]
+) -> dict[str, Any]:
+    """The model under whole-model names: rank 0's, or merged from pipeline 0's stages."""
+    holders = [i for i, r in enumerate(ranks) if r.stage is None or r.rank < r.stage.num_stages]
+    if ranks[0].stage is None:
+        return gather(
+            [actors[0].state_dict.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="state save"
+        )[0]
+    parts = gather(
+        [actors[i].model_state.remote() for i in holders],
+        [ids[i] for i in holders],
+        timeout_s=SETUP_TIMEOUT_S,
+        what="state save",
+    )
+    merged: dict[str, Any] = {}
+    for part in parts:
+        merged.update(part)
+    return {"model": merged, "optimizer": None}
 
 
-def train_result(
-    history: list[StepMetrics], *, stopped: bool, state: dict[str, Any] | None
+def writer_ranks(ranks: Sequence[RankSpec]) -> list[int]:
+    """Ranks that write a checkpoint part: rank 0, or every stage of pipeline 0."""
+    return [
+        i
+        for i, r in enumerate(ranks)
+        if r.rank == 0 or (r.stage is not None and r.rank < r.stage.num_stages)
+    ]
+
+
+def save_checkpoint(
+    actors: Sequence[Any],
+    ids: Sequence[str],
+    *,
+    ranks: Sequence[RankSpec],
+    run_spec: RunSpec,
+    plan: Plan,
+    policy: Checkpointing,
+    step: int,
+) -> CheckpointInfo:
+    """Every writing rank writes its part in parallel; then the manifest makes it count."""
+    store = CheckpointStore(policy.root)
+    writers = writer_ranks(ranks)
+    parts = [f"part-{i:04d}.safetensors" for i in writers]
+    out = gather(
+        [
+            actors[i].save_checkpoint.remote(store.step_uri(step), part)
+            for i, part in zip(writers, parts, strict=True)
+        ],
+        [ids[i] for i in writers],
+        timeout_s=SETUP_TIMEOUT_S,
+        what=f"checkpoint of step {step}",
+    )
+    info = store.commit(
+        step,
+        {part: names for part, (names, _) in zip(parts, out, strict=True)},
+        {
+            "optimizer_steps": out[0][1],
+            "model": asdict(run_spec.preset),
+            "seed": run_spec.seed,
+            "global_batch": run_spec.global_batch,
+            "plan": plan.to_dict(),
+            **policy.manifest,
+        },
+    )
+    store.prune(policy.keep_last)
+    return info
+
+
+def run(
+    pool: WorkerPool,
+    *,
+    run_spec: RunSpec,
+    ranks: Sequence[RankSpec],
+    plan: Plan,
+    steps: int,
+    start_step: int = 0,
+    restore: CheckpointInfo | None = None,
+    checkpointing: Checkpointing | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    keep_state: bool = False,
 ) -> TrainResult:
+    """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring).
+
+    ``restore``: a checkpoint (of any plan) every rank loads its slice from first.
+    ``checkpointing``: write checkpoints as it says, and after the last step or a stop.
+    """
+    ids = [r.device_id for r in ranks]
+    actors = pool.acquire(ids)
+    done = False
+    saved: list[int] = []
+    last_save = [time.monotonic()]
+
+    def checkpoint(step: int) -> None:
+        assert checkpointing is not None
+        info = save_checkpoint(
+            actors, ids, ranks=ranks, run_spec=run_spec, plan=plan, policy=checkpointing, step=step
+        )
+        saved.append(step)
+        last_save[0] = time.monotonic()
+        if on_checkpoint is not None:
+            on_checkpoint(info)
+
+    def after_step(metrics: StepMetrics) -> None:
+        if on_step is not None:
+            on_step(metrics)
+        if checkpointing is not None and checkpointing.due(
+            metrics.step, time.monotonic() - last_save[0]
+        ):
+            checkpoint(metrics.step)
+
+    try:
+        form_group(actors, ids, run_spec, ranks)
+        if restore is not None:
+            gather(
+                [a.load_checkpoint.remote(restore.uri, restore.manifest) for a in actors],
+                ids,
+                timeout_s=SETUP_TIMEOUT_S,
+                what=f"restore of step {restore.step}",
+            )
+        history, stopped = run_steps(
+            actors,
+            ids,
+            plan=plan,
+            steps=steps,
+            start_step=start_step,
+            on_step=after_step,
+            should_stop=should_stop,
+        )
+        if checkpointing is not None and history and history[-1].step not in saved:
+            checkpoint(history[-1].step)  # at the end, or where a stop ended the run
+        state = None
+        if keep_state and history:
+            state = whole_model_state(actors, ids, ranks)
+            state["step"] = history[-1].step
+        try:
+            gather(
+                [a.leave.remote() for a in actors], ids, timeout_s=SHUTDOWN_TIMEOUT_S, what="leave"
+            )
+        except WorkerError:  # the results stand; the actors are replaced
+            pool.discard(ids)
+        done = True
+    finally:
+        if not done:
+            pool.discard(ids)
     return TrainResult(
         steps_done=len(history),
         losses=[m.loss for m in history],

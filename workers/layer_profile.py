@@ -35,17 +35,12 @@ import torch
 
 from scheduler.models import ModelPreset
 from scheduler.profile import LayerCost, LayerProfile
-from workers.calibration import default_cache_dir, fit_line, host_key
+from workers.calibration import HostCalibration, default_cache_dir, fit_line, host_key
 from workers.data import ByteDataset
-from workers.devices import (
-    HostCalibration,
-    Pacing,
-    SimulatedDevice,
-    TorchDevice,
-    model_state_bytes,
-)
+from workers.devices import SimulatedDevice, TorchDevice, model_state_bytes
 from workers.model import lm_loss_sum
 from workers.models import build_model
+from workers.pacing import Pacing
 
 PIECES = ("embed", "block", "head")
 HOST_SIZES = (1, 2, 4, 8)

@@ -41,6 +41,15 @@ class DeviceStep:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RankStep:
+    """What one rank reports after a step (crosses Ray from the worker to the driver)."""
+
+    loss: float
+    """Mean token loss over the global batch (every rank reports the same)."""
+    device: DeviceStep
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepMetrics:
     step: int
     """0-based."""

@@ -1,13 +1,15 @@
-"""The one entry point of the workers: Ray, profiling and training (contract.md).
+"""The one entry point of the workers: Ray, profiling and training.
 
 ``hetsched simulate``, ``hetsched profile`` and the API's job executor call
 only these names::
 
-    from workers.session import start_local_ray, profile_cluster, train
+    from workers.session import WorkerPool, start_local_ray, profile_cluster, train
     start_local_ray(cluster)
-    profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"))
+    pool = WorkerPool(cluster, simulated=True)       # warm workers, reused by every run
+    profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"), pool=pool)
     plan = make_plan(profile, 64, "dp")
-    result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0)
+    result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0, pool=pool)
+    pool.shutdown()
 
 Simulated devices are paced against a host calibration cached under
 ``cache_dir``; pass the same ``cache_dir`` to :func:`profile_cluster` and
@@ -17,35 +19,46 @@ Simulated devices are paced against a host calibration cached under
 
 from __future__ import annotations
 
-import importlib
-import itertools
-import os
-import threading
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from scheduler.catalogue import CATALOGUE, lookup
+from scheduler.catalogue import lookup
 from scheduler.cluster import Cluster, Device, Links
+from scheduler.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
 from scheduler.models import ModelPreset
-from scheduler.plan import DP_STRATEGIES, Plan
+from scheduler.plan import Plan
 from scheduler.profile import Profile
+from workers import driver
 from workers.actors import start_local_ray
-from workers.calibration import calibrate_host, default_cache_dir
-from workers.devices import Pacing, default_margin, simulated_capacity_bytes, speed_ratio
+from workers.calibration import default_cache_dir
+from workers.checkpoint import CheckpointInfo, CheckpointStore
+from workers.driver import Checkpointing
 from workers.errors import WorkerError
+from workers.job import Recovery, train_job
 from workers.model import check_trainable
+from workers.pacing import no_pacing, pacing_margin, simulated_pacing
+from workers.pool import WorkerPool
+from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
-from workers.runtime import make_specs, run_data_parallel
+from workers.spec import RankSpec, RunSpec, make_ranks
 
 __all__ = [
+    "CheckpointInfo",
+    "CheckpointStore",
+    "Checkpointing",
+    "Recovery",
     "DeviceStep",
     "OptimizerConfig",
     "StepMetrics",
     "TrainResult",
     "WorkerError",
+    "WorkerPool",
     "connect_ray",
     "pacing_margin",
     "profile_cluster",
@@ -54,53 +67,17 @@ __all__ = [
 ]
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
-_RUN_IDS = itertools.count()
-_RUN_LOCK = threading.Lock()
-
-
-def pacing_margin(cluster: Cluster) -> float:
-    """Contention margin ``K`` for ``cluster``'s simulation on this machine.
-
-    ``$HETSCHED_PACING_MARGIN`` overrides it; otherwise it follows the number
-    of simulated devices per CPU Ray may use (:func:`workers.devices.default_margin`).
-    """
-    env = os.environ.get("HETSCHED_PACING_MARGIN")
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            raise WorkerError(
-                f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}"
-            ) from None
-        if value < 1:
-            raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}")
-        return value
-    num_cpus = int(ray.cluster_resources().get("CPU", 2)) if ray.is_initialized() else 2
-    return default_margin(len(cluster.devices), min(num_cpus, os.cpu_count() or num_cpus))
-
-
-def simulated_pacing(
-    cluster: Cluster, model: ModelPreset, *, cache_dir: Path | None, refresh: bool = False
-) -> Callable[[str], tuple[int, Pacing]]:
-    """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``."""
-    host = calibrate_host(model, cache_dir=cache_dir, refresh=refresh)
-    margin = pacing_margin(cluster)
-
-    def of(device_id: str) -> tuple[int, Pacing]:
-        device = cluster.device(device_id)
-        return simulated_capacity_bytes(cluster, device), Pacing(
-            margin=margin, speed_ratio=speed_ratio(cluster, device), host=host
-        )
-
-    return of
 
 
 def connect_ray(address: str) -> Cluster:
     """Attach to an existing Ray cluster and describe its GPUs as a Cluster.
 
-    Each live node with GPUs becomes a node named by its IP address; the GPU
-    type comes from Ray's ``accelerator_type:NAME`` resource matched to the
-    catalogue (the largest-memory entry of that model name).
+    Each live node with GPUs becomes a node named by its IP address. Ray
+    reports one accelerator type per node and only its model, so each node's
+    driver is asked for every GPU's own name and memory (:func:`probe_gpus`),
+    mapped to the catalogue by :func:`scheduler.gpu_names.catalogue_key`;
+    device ``NODE/INDEX`` is the GPU of that physical index, which its worker
+    is pinned to.
     """
     if not ray.is_initialized():
         try:
@@ -109,25 +86,19 @@ def connect_ray(address: str) -> Cluster:
             raise WorkerError(f"ray-address: cannot connect to {address}: {exc}") from exc
     devices: list[Device] = []
     for info in sorted(ray.nodes(), key=lambda n: str(n.get("NodeManagerAddress"))):
-        resources = info.get("Resources", {})
-        num_gpus = int(resources.get("GPU", 0))
-        if not info.get("Alive") or num_gpus == 0:
+        if not info.get("Alive") or int(info.get("Resources", {}).get("GPU", 0)) == 0:
             continue
-        accel = next(
-            (k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), ""
-        )
-        gpu_key = _catalogue_key(accel)
-        gpu = lookup(gpu_key)
         node = str(info["NodeManagerAddress"])
-        for index in range(num_gpus):
+        for gpu in probe_gpus(str(info["NodeID"])):
+            spec = lookup(catalogue_key(gpu.name, gpu.memory_mib))
             devices.append(
                 Device(
-                    id=f"{node}/{index}",
+                    id=f"{node}/{gpu.index}",
                     node=node,
-                    index=index,
-                    type=gpu.key,
-                    memory_gb=gpu.memory_gb,
-                    peak_tflops=gpu.peak_tflops,
+                    index=gpu.index,
+                    type=spec.key,
+                    memory_gb=gpu.memory_mib / 1024,
+                    peak_tflops=spec.peak_tflops,
                 )
             )
     if not devices:
@@ -135,17 +106,28 @@ def connect_ray(address: str) -> Cluster:
     return Cluster(name=f"ray-{address}", devices=tuple(devices), links=Links())
 
 
-def _catalogue_key(accelerator: str) -> str:
-    name = accelerator.upper().replace("NVIDIA", "").replace("-", "").replace(" ", "")
-    matches = [g for key, g in CATALOGUE.items() if key.split("-")[0].replace(" ", "") == name]
-    if not matches:
-        matches = [g for key, g in CATALOGUE.items() if name and name in key.replace("-", "")]
-    if not matches:
-        raise WorkerError(
-            f"ray: GPU type {accelerator or 'unknown'!r} is not in the catalogue; "
-            f"known: {', '.join(CATALOGUE)}"
-        )
-    return max(matches, key=lambda g: g.memory_gb).key
+def _nvidia_smi() -> str:
+    result = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise WorkerError(f"nvidia-smi failed: {result.stderr.strip()[:200]}")
+    return result.stdout
+
+
+def probe_gpus(node_id: str) -> list[ProbedGpu]:
+    """Every GPU of one Ray node as its driver reports it (a task that needs no GPU of its own)."""
+    task = ray.remote(num_cpus=0)(_nvidia_smi).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    )
+    try:
+        return parse_nvidia_smi(ray.get(task.remote(), timeout=120))
+    except (RayTaskError, GetTimeoutError) as exc:
+        raise WorkerError(f"ray: cannot list the GPUs of node {node_id}: {exc}") from exc
 
 
 def profile_cluster(
@@ -157,15 +139,13 @@ def profile_cluster(
     refresh: bool = False,
     simulated: bool = True,
     layers: Any = "auto",
+    pool: WorkerPool | None = None,
 ) -> Profile:
     """Measure each device (cached) and return the profile of DESIGN.md.
 
     ``layers``: per-layer figures for pipeline planning; ``"auto"`` measures
-    them when :mod:`workers.layer_profile` is installed, ``None`` skips them
-    (see :func:`workers.profiler.profile_devices`).
+    them, ``None`` skips them (see :func:`workers.profiler.profile_devices`).
     """
-    from workers.profiler import profile_devices
-
     check_trainable(model)
     return profile_devices(
         cluster,
@@ -175,11 +155,8 @@ def profile_cluster(
         refresh=refresh,
         simulated=simulated,
         layers=layers,
+        pool=pool,
     )
-
-
-def needs_pipeline(plan: Plan) -> bool:
-    return plan.strategy not in DP_STRATEGIES or any(d.layers is not None for d in plan.devices)
 
 
 def train(
@@ -197,17 +174,32 @@ def train(
     cache_dir: Path | None = None,
     dtype: str = "float32",
     keep_state: bool = False,
+    pool: WorkerPool | None = None,
+    checkpointing: Checkpointing | None = None,
+    restore: CheckpointInfo | None = None,
+    max_failures: int = 0,
+    replan: Callable[[set[str]], Plan] | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    on_recovery: Callable[[Recovery], None] | None = None,
 ) -> TrainResult:
-    """Train ``plan`` for ``steps`` steps and return the losses and timings.
+    """Train ``plan`` up to ``steps`` steps and return the losses and timings.
 
-    One Ray actor per active device of the plan and a fresh torch.distributed
-    group; ``on_step`` is called in this thread after every step and
-    ``should_stop`` is checked between steps. Raises :class:`WorkerError`
-    naming the device on OOM, crash or a lost actor, within bounded time.
-    pp/hybrid plans run in :mod:`workers.pipeline` (``train_pipeline`` with
-    the same keyword arguments plus ``pacing_of``). ``dtype="float64"`` trains
-    in double precision, for runs that check exactness against a reference;
-    ``keep_state=True`` returns rank 0's final model and optimizer state.
+    One warm worker per active device of the plan (from ``pool``, or a
+    temporary pool) joined into a fresh torch.distributed group, for every
+    strategy (:mod:`workers.driver`); ``on_step`` is called in this thread
+    after every step and ``should_stop`` is checked between steps. Raises
+    :class:`WorkerError` naming the device on OOM, crash or a lost actor,
+    within bounded time. ``dtype="float64"`` trains in double precision, for
+    runs that check exactness against a reference; ``keep_state=True``
+    returns the final whole-model state (and rank 0's optimizer state for
+    data-parallel plans).
+
+    ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint
+    of any plan) it goes on at the step after the checkpoint's. Durable runs
+    (:mod:`workers.job`): ``checkpointing`` writes plan-independent
+    checkpoints, and with ``max_failures > 0`` a failed device is recovered
+    from the last checkpoint on the plan ``replan(lost devices)`` returns (by
+    default the same plan: a crashed worker is replaced, a lost device is not).
     """
     check_trainable(model)
     if steps < 0:
@@ -218,52 +210,53 @@ def train(
         if not simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
         start_local_ray(cluster)
-    pacing_of: Callable[[str], tuple[int, Pacing | None]]
-    if simulated:
-        pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir or default_cache_dir())
-    else:
-
-        def pacing_of(device_id: str) -> tuple[int, Pacing | None]:
-            return 0, None
-
-    if needs_pipeline(plan):
-        pipeline = importlib.import_module("workers.pipeline")
-        return pipeline.train_pipeline(
-            cluster=cluster,
-            model=model,
-            plan=plan,
-            steps=steps,
-            seed=seed,
-            dataset=dataset,
-            optimizer=optimizer,
-            simulated=simulated,
-            on_step=on_step,
-            should_stop=should_stop,
-            pacing_of=pacing_of,
-            cache_dir=cache_dir,
-            dtype=dtype,
-            keep_state=keep_state,
-        )
-    specs = make_specs(
-        cluster=cluster,
+    cache_dir = cache_dir or default_cache_dir()
+    pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir) if simulated else no_pacing
+    run_spec = RunSpec(
         preset=model,
-        plan=plan,
         seed=seed,
-        dataset=dataset,
+        global_batch=plan.global_batch,
         optimizer=optimizer,
+        dataset=dataset,
         simulated=simulated,
-        pacing_of=pacing_of,
         dtype=dtype,
     )
-    with _RUN_LOCK:
-        run_id = next(_RUN_IDS)
-    return run_data_parallel(
-        cluster=cluster,
-        specs=specs,
-        plan=plan,
-        steps=steps,
-        on_step=on_step,
-        should_stop=should_stop,
-        actor_name_prefix=f"hetsched-dp-{os.getpid()}-{run_id}-",
-        keep_state=keep_state,
-    )
+
+    def ranks_of(plan: Plan) -> list[RankSpec]:
+        return make_ranks(plan, preset=model, pacing_of=pacing_of, cache_dir=cache_dir)
+
+    own_pool = pool is None
+    pool = pool or WorkerPool(cluster, simulated=simulated)
+    try:
+        if checkpointing is None:
+            start = restore.step + 1 if restore is not None else 0
+            return driver.run(
+                pool,
+                run_spec=run_spec,
+                ranks=ranks_of(plan),
+                plan=plan,
+                steps=max(0, steps - start),
+                start_step=start,
+                restore=restore,
+                on_step=on_step,
+                should_stop=should_stop,
+                keep_state=keep_state,
+            )
+        return train_job(
+            pool,
+            run_spec=run_spec,
+            plan=plan,
+            steps=steps,
+            ranks_of=ranks_of,
+            replan=replan or (lambda lost: plan),
+            checkpointing=checkpointing,
+            max_failures=max_failures,
+            restore=restore,
+            on_step=on_step,
+            on_checkpoint=on_checkpoint,
+            on_recovery=on_recovery,
+            should_stop=should_stop,
+        )
+    finally:
+        if own_pool:
+            pool.shutdown()

@@ -3,10 +3,11 @@
     hetsched plan --cluster deploy/clusters/mixed-lab.yaml --model gpt2-small --global-batch 64
     hetsched plan --profile profile.json --global-batch 64 --strategy proportional --json
 
-With ``--cluster`` the profile is analytic (GPU catalogue × model preset ×
-``--efficiency``); with ``--profile`` it is a measured (or saved) profile. The
-default output is a table with the predicted step time against the ``even``
-and ``proportional`` baselines; ``--json`` prints the plan document of
+With ``--cluster`` the profile is analytic (GPU catalogue × model preset: a
+roofline at each GPU's sustained share of peak, or ``--efficiency`` for all);
+with ``--profile`` it is a measured (or saved) profile. The default output is
+a table with the predicted step time against the ``even`` and
+``proportional`` baselines; ``--json`` prints the plan document of
 DESIGN.md and nothing else. Only ``scheduler/`` is imported: no torch, no ray.
 """
 
@@ -55,7 +56,8 @@ def add_parser(subparsers: Any) -> None:
         "--efficiency",
         type=float,
         metavar="F",
-        help=f"with --cluster: share of peak FLOP/s reached (default {DEFAULT_EFFICIENCY})",
+        help="with --cluster: share of peak FLOP/s every device reaches "
+        f"(default: each GPU's own, {DEFAULT_EFFICIENCY} for most, less for 70 W cards)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
     parser.set_defaults(run=run)
@@ -76,9 +78,9 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
     if not args.model:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
     cluster = load_cluster(args.cluster)
-    efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
-    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=efficiency)
-    return profile, f"cluster {cluster.name}, analytic at {efficiency:.0%} of peak"
+    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=args.efficiency)
+    shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
+    return profile, f"cluster {cluster.name}, analytic roofline at {shares} of peak"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,9 +133,12 @@ def _unicode_ok() -> bool:
 def render(plan: Plan, profile: Profile, *, source: str) -> str:
     """The human-readable plan: devices, exclusions, then the comparison."""
     has_layers = any(d.layers is not None for d in plan.devices)
+    recomputes = any(d.recompute != "none" for d in plan.devices)
     headers = ["DEVICE", "TYPE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "MEMORY (USE/CAPACITY)"]
     if has_layers:
         headers[2:2] = ["PIPE", "STAGE", "LAYERS"]
+    if recomputes:
+        headers.insert(headers.index("BUSY"), "RECOMPUTE")
     headers.append("SHARE OF BATCH")
     rows = []
     for d in plan.devices:
@@ -148,6 +153,8 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
             stage = "" if d.stage is None else str(d.stage)
             layers = "" if d.layers is None else f"[{d.layers[0]},{d.layers[1]})"
             row[2:2] = [pipe, stage, layers]
+        if recomputes:
+            row.append(d.recompute)
         row += [_seconds(d.busy_s), memory, f"{_bar(share)} {share:5.1%}"]
         rows.append(row)
     right = {i for i, h in enumerate(headers) if h in {"SAMPLES", "MICRO", "ACCUM", "BUSY"}}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.plan import format_table
+from api.services import check_simulated_fit
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
 from scheduler.hf_config import resolve_model
@@ -166,74 +167,87 @@ def simulate(
     """Profile, plan and train each strategy; the JSON document of the command."""
     from scheduler.planner import make_plan
     from workers.calibration import default_cache_dir
-    from workers.session import profile_cluster, start_local_ray, train
+    from workers.session import WorkerPool, profile_cluster, start_local_ray, train
 
     cache_dir = cache_dir or default_cache_dir()
     progress.say(
         f"starting local Ray with {len(cluster.devices)} simulated devices ({cluster.name})"
     )
     start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
-    begin = time.perf_counter()
-    progress.say("profiling (cached after the first run)...")
-    # Per-layer figures only matter to the pipeline planners; skip them otherwise.
-    wants_layers = any(s not in DP_STRATEGIES for s in strategies)
-    profile = profile_cluster(
-        cluster,
-        preset,
-        cache_dir=cache_dir,
-        refresh=refresh,
-        layers="auto" if wants_layers else None,
-    )
-    progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
-    runs = []
-    for strategy in strategies:
-        plan = make_plan(profile, global_batch, strategy)
-
-        def on_step(m: Any, label: str = strategy) -> None:
-            progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
-
-        progress.step(strategy, 0, steps, "starting actors")
-        result = train(
-            cluster=cluster,
-            model=preset,
-            plan=plan,
-            steps=steps,
-            seed=seed,
-            on_step=on_step,
+    # One warm worker per device for the profile and every strategy's run.
+    pool = WorkerPool(cluster, simulated=True)
+    try:
+        begin = time.perf_counter()
+        progress.say("profiling (cached after the first run)...")
+        # Per-layer figures only matter to the pipeline planners; skip them otherwise.
+        wants_layers = any(s not in DP_STRATEGIES for s in strategies)
+        profile = profile_cluster(
+            cluster,
+            preset,
             cache_dir=cache_dir,
+            refresh=refresh,
+            layers="auto" if wants_layers else None,
+            pool=pool,
         )
-        after_first = result.step_times_s[1:] or result.step_times_s
-        measured = statistics.median(after_first)
-        runs.append(
-            {
-                "strategy": strategy,
-                "plan": plan.to_dict(),
-                "predicted_step_s": plan.predicted_step_s,
-                "measured_step_s": measured,
-                "measured_samples_per_s": global_batch / measured,
-                "losses": result.losses,
-                "devices": [
-                    {"id": d.id, "busy_s": d.busy_s, "wait_s": d.wait_s, "peak_bytes": d.peak_bytes}
-                    for d in result.devices
-                ],
-            }
-        )
-    by_name = {r["strategy"]: r for r in runs}
-    speedup = None
-    best = next((r for r in runs if r["strategy"] != "even"), None)  # dp, or auto, ...
-    if best is not None and "even" in by_name:
-        speedup = best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
-    return {
-        "cluster": cluster.name,
-        "model": preset.name,
-        "global_batch": global_batch,
-        "steps": steps,
-        "seed": seed,
-        "profile": profile.to_dict(),
-        "ideal_samples_per_s": ideal_samples_per_s(profile),
-        "runs": runs,
-        "speedup_vs_even": speedup,
-    }
+        progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
+        runs = []
+        for strategy in strategies:
+            plan = make_plan(profile, global_batch, strategy)
+
+            def on_step(m: Any, label: str = strategy) -> None:
+                progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
+
+            progress.step(strategy, 0, steps, "starting actors")
+            result = train(
+                cluster=cluster,
+                model=preset,
+                plan=plan,
+                steps=steps,
+                seed=seed,
+                on_step=on_step,
+                cache_dir=cache_dir,
+                pool=pool,
+            )
+            after_first = result.step_times_s[1:] or result.step_times_s
+            measured = statistics.median(after_first)
+            runs.append(
+                {
+                    "strategy": strategy,
+                    "plan": plan.to_dict(),
+                    "predicted_step_s": plan.predicted_step_s,
+                    "measured_step_s": measured,
+                    "measured_samples_per_s": global_batch / measured,
+                    "losses": result.losses,
+                    "devices": [
+                        {
+                            "id": d.id,
+                            "busy_s": d.busy_s,
+                            "wait_s": d.wait_s,
+                            "peak_bytes": d.peak_bytes,
+                        }
+                        for d in result.devices
+                    ],
+                }
+            )
+        by_name = {r["strategy"]: r for r in runs}
+        speedup = None
+        best = next((r for r in runs if r["strategy"] != "even"), None)  # dp, or auto, ...
+        if best is not None and "even" in by_name:
+            speedup = best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
+        return {
+            "cluster": cluster.name,
+            "model": preset.name,
+            "global_batch": global_batch,
+            "steps": steps,
+            "seed": seed,
+            "profile": profile.to_dict(),
+            "ideal_samples_per_s": ideal_samples_per_s(profile),
+            "runs": runs,
+            "speedup_vs_even": speedup,
+        }
+
+    finally:
+        pool.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.model import check_trainable
 
     check_trainable(preset)  # before starting Ray: a llama preset cannot train here
+    check_simulated_fit(cluster, preset, cluster.ids)  # any memory_scale: fits, or one line
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):

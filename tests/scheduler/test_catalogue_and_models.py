@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.catalogue import CATALOGUE, GIB, known_types, lookup
@@ -105,8 +107,13 @@ def test_memory_formulas() -> None:
     assert m.model_state_bytes == 16 * m.num_params  # ZeRO: mixed-precision AdamW
     assert m.gradient_bytes == 2 * m.num_params
     s, h, a = m.seq_len, m.d_model, m.num_heads
-    # Korthikanti et al. (2022), eq. 1, micro-batch 1, no tensor parallelism.
-    assert m.activation_bytes_per_sample_per_layer == s * h * (34 + 5 * a * s / h)
+    # Korthikanti et al. (2022), eq. 1, micro-batch 1, no tensor parallelism, for the
+    # attention kernel that stores its score matrix ...
+    math = replace(m, attention="math")
+    assert math.activation_bytes_per_sample_per_layer == s * h * (34 + 5 * a * s / h)
+    # ... and for the fused kernels the workers run: one fp32 log-sum-exp per head and query.
+    assert m.attention == "memory_efficient"
+    assert m.activation_bytes_per_sample_per_layer == 34 * s * h + 4 * a * s
     assert m.activation_bytes_per_sample > m.num_layers * m.activation_bytes_per_sample_per_layer
     # Logits dominate the head: fp32, seq x vocab.
     assert m.head_activation_bytes_per_sample >= 4 * s * m.vocab_size

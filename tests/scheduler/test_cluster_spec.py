@@ -229,3 +229,9 @@ def test_subset_and_unknown_device_id() -> None:
     assert cluster.subset(["node-b/1", "node-a/0"]).ids == ["node-a/0", "node-b/1"]
     with pytest.raises(SpecError, match=r"device: unknown id 'node-c/0'; known: node-a/0"):
         cluster.subset(["node-c/0"])
+
+
+def test_simulation_lists_faults_among_its_keys() -> None:
+    message = spec_error(spec(simulation={"fault": []}))
+    assert message == "simulation.fault: unknown key; allowed: faults, memory_scale"
+    assert parse_cluster(spec(simulation={"faults": None})).simulation.faults == ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,14 @@ from scheduler.errors import PlanError
 from scheduler.models import get_preset
 from scheduler.pipeline import plan_pp
 from scheduler.planner import make_plan
-from scheduler.profile import DeviceProfile, LayerCost, LayerProfile, Profile, analytic_profile
+from scheduler.profile import (
+    DeviceProfile,
+    LayerCost,
+    LayerProfile,
+    Profile,
+    RecomputeCost,
+    analytic_profile,
+)
 from scheduler.stages import (
     exchange_s,
     in_flight_1f1b,
@@ -50,10 +58,20 @@ def chains(draw: st.DrawFn) -> tuple[list[DeviceProfile], int, int]:
     num_devices = draw(st.integers(1, 4))
     devices = []
     for i in range(num_devices):
+        block = _cost(draw)
+        if draw(st.booleans()):  # full recomputation: less kept, more time, a transient
+            block = replace(
+                block,
+                full=RecomputeCost(
+                    per_sample_bytes=draw(st.integers(0, block.per_sample_bytes)),
+                    per_sample_s=block.per_sample_s * 4 / 3,
+                    transient_bytes_per_sample=draw(st.integers(0, 20)),
+                ),
+            )
         lp = LayerProfile(
             num_blocks=num_blocks,
             embed=_cost(draw),
-            block=_cost(draw),
+            block=block,
             head=_cost(draw),
             boundary_bytes_per_sample=8,
         )
@@ -90,17 +108,24 @@ def brute_force(devices: list[DeviceProfile], micro_batch: int, m: int) -> float
                 break
             lp = d.layers
             assert lp is not None
-            if (
-                stage_bytes(lp, k, micro_batch, in_flight=flight[s], first=first, last=last)
-                > d.capacity_bytes
-            ):
+            fitting = [
+                stage_time_s(lp, k, micro_batch, first=first, last=last, recompute=o.recompute)
+                for o in lp.block.options()
+                if stage_bytes(
+                    lp,
+                    k,
+                    micro_batch,
+                    in_flight=flight[s],
+                    first=first,
+                    last=last,
+                    recompute=o.recompute,
+                )
+                <= d.capacity_bytes
+            ]
+            if not fitting:
                 worst = math.inf
                 break
-            worst = max(
-                worst,
-                stage_time_s(lp, k, micro_batch, first=first, last=last)
-                + exchange_s(first=first, last=last),
-            )
+            worst = max(worst, min(fitting) + exchange_s(first=first, last=last))
         best = min(best, worst)
     return best
 
@@ -184,8 +209,10 @@ def test_pp_without_layer_figures_is_a_one_line_error():
 
 
 def test_pp_says_why_nothing_fits():
-    profile = analytic_profile(parse_cluster(MIXED), get_preset("llama-13b"))
-    with pytest.raises(PlanError, match="no pipeline over 6 devices fits"):
+    # llama-13b's 208 GB of model states exceed two A100-80GBs whatever the recomputation.
+    a100s = {"name": "a100s", "nodes": MIXED["nodes"][:1]}
+    profile = analytic_profile(parse_cluster(a100s), get_preset("llama-13b"))
+    with pytest.raises(PlanError, match="no pipeline over 2 devices fits: model states 208.3 GB"):
         plan_pp(profile, 8)
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scheduler.capacity import gpu_budget_bytes
 from tests.workers.conftest import TINY
 from workers.data import ByteDataset
 from workers.devices import CudaDevice
 from workers.errors import DeviceOutOfMemory
 from workers.model import GPT, lm_loss_sum
-from workers.profiler import ProfilerWorker
 from workers.records import OptimizerConfig
-from workers.runtime import WorkerSpec
+from workers.worker import DeviceWorker
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,22 +51,38 @@ def test_cuda_device_over_its_budget_raises_oom_naming_the_device() -> None:
 
 
 def test_profiler_measures_a_gpu_through_the_same_code_path() -> None:
-    spec = WorkerSpec(
-        device_id="gpu/0",
-        rank=0,
-        world_size=1,
+    figures = DeviceWorker("gpu/0", simulated=False).measure(TINY, 0, None, None)["figures"]
+    assert figures["static_bytes"] >= 4 * 4 * TINY.num_params  # weights, grads, AdamW moments
+    assert figures["per_sample_bytes"] > 0 and figures["per_sample_s"] > 0
+    assert figures["max_micro_batch"] > 100  # gpt-tiny is small next to any GPU
+
+
+def test_cuda_budget_is_free_memory_less_nccl_reserve_and_fragmentation_margin() -> None:
+    free_bytes, _total = torch.cuda.mem_get_info(0)
+    device = CudaDevice(device_id="gpu/0")
+    assert device.capacity_bytes <= gpu_budget_bytes(free_bytes) < free_bytes
+
+
+def test_a_one_rank_dp_and_pp_run_on_nccl() -> None:
+    """The NCCL path end to end in this process: join, step, leave (one rank, world of one)."""
+    from workers.spec import RankSpec, RunSpec
+
+    worker = DeviceWorker("gpu/0", simulated=False)
+    run = RunSpec(
         preset=TINY,
         seed=0,
-        global_batch=1,
-        offset=0,
-        samples=1,
-        micro_batch=1,
-        accum_steps=1,
+        global_batch=4,
         optimizer=OptimizerConfig(),
         dataset=None,
         simulated=False,
     )
-    figures = ProfilerWorker(spec).measure()["figures"]
-    assert figures["static_bytes"] >= 4 * 4 * TINY.num_params  # weights, grads, AdamW moments
-    assert figures["per_sample_bytes"] > 0 and figures["per_sample_s"] > 0
-    assert figures["max_micro_batch"] > 100  # gpt-tiny is small next to any GPU
+    rank = RankSpec(
+        device_id="gpu/0", rank=0, world_size=1, offset=0, samples=4, micro_batch=2, accum_steps=2
+    )
+    addr, port = worker.rendezvous()
+    worker.join(run, rank, addr, port)
+    first = worker.step(0)
+    second = worker.step(1)
+    worker.leave()
+    assert second.loss < first.loss + 1.0 and first.device.busy_s > 0
+    assert first.device.peak_bytes > 0

@@ -9,8 +9,8 @@ from scheduler.plan import DevicePlan, Plan
 from tests.workers.conftest import TINY, make_cluster
 from workers.data import ByteDataset
 from workers.model import GPT, lm_loss_sum
-from workers.pipeline import ordered_stages, sync_groups
 from workers.session import OptimizerConfig, WorkerError, train
+from workers.stages import ordered_stages, sync_groups
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

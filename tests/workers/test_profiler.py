@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.workers.conftest import TINY, make_cluster
 from workers.calibration import calibrate_host
 from workers.devices import model_state_bytes
 from workers.model import GPT
-from workers.session import profile_cluster
+from workers.session import WorkerPool, profile_cluster
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -38,7 +36,13 @@ def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeyp
     assert profile.gradient_bytes == 4 * (TINY.num_params + 1)
     assert profile.links == CLUSTER.links
 
-    start = time.monotonic()
-    again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None)
-    assert time.monotonic() - start < 3.0  # cached: no actor is started
+    # Recomputation, measured: full keeps far less per sample and takes longer.
+    assert a100.full is not None and a100.selective is not None
+    assert a100.full.per_sample_bytes < 0.5 * a100.per_sample_bytes
+    assert a100.selective.per_sample_bytes < a100.per_sample_bytes
+    assert a100.full.per_sample_s > a100.per_sample_s
+
+    pool = WorkerPool(CLUSTER, simulated=True)
+    again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     assert again == profile
+    assert pool.pids() == {}, "cached: no worker was started"

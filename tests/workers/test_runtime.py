@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
-import ray
 import torch
 
 from tests.workers.conftest import TINY, make_cluster, manual_plan
 from workers.data import ByteDataset
 from workers.model import GPT, lm_loss_sum
-from workers.session import OptimizerConfig, WorkerError, train
+from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -83,30 +84,45 @@ def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir) -> No
     assert time.monotonic() - start < 90
 
 
-def test_an_actor_that_dies_ends_the_run_with_an_error_in_bounded_time(cache_dir) -> None:
+def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
+    cache_dir,
+) -> None:
+    """Runs reuse the pool's processes; SIGKILL of one ends that run in bounded time with an
+    error naming the device, and the next run gets a fresh worker for it."""
     plan = manual_plan([("a/0", 4, 4), ("a/1", 2, 2), ("a/2", 2, 2)])
-
-    def kill_the_t4(metrics) -> None:
-        if metrics.step == 1:
-            name = next(
-                n["name"]
-                for n in ray.util.list_named_actors(all_namespaces=True)
-                if n["name"].endswith("-a/1")
-            )
-            ray.kill(ray.get_actor(name))
-
-    start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"^a/1: worker process died"):
-        train(
-            cluster=CLUSTER,
-            model=TINY,
-            plan=plan,
-            steps=50,
-            seed=0,
-            on_step=kill_the_t4,
-            cache_dir=cache_dir,
+    pool = WorkerPool(CLUSTER, simulated=True)
+    try:
+        first = train(
+            cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir, pool=pool
         )
-    assert time.monotonic() - start < 120
+        pids = pool.pids()
+        assert first.steps_done == 2 and set(pids) == {"a/0", "a/1", "a/2"}
+
+        def kill_the_t4(metrics) -> None:
+            if metrics.step == 1:
+                os.kill(pids["a/1"], signal.SIGKILL)
+
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^a/1: worker process died"):
+            train(
+                cluster=CLUSTER,
+                model=TINY,
+                plan=plan,
+                steps=50,
+                seed=0,
+                on_step=kill_the_t4,
+                cache_dir=cache_dir,
+                pool=pool,
+            )
+        assert time.monotonic() - start < 120
+
+        again = train(
+            cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir, pool=pool
+        )
+        assert again.losses == pytest.approx(first.losses, rel=1e-5)
+        assert pool.pids()["a/1"] != pids["a/1"]
+    finally:
+        pool.shutdown()
 
 
 def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(cache_dir) -> None:

@@ -1,0 +1,101 @@
+"""Submit → first step on a warm service: ``hetsched serve`` in its own process.
+
+    .venv/bin/python -m pytest tests/benchmarks/test_warm_start.py -m benchmark -s
+
+A first job measures the profile (cold); then five jobs are submitted one
+after another on the default simulation cluster, each timed from the POST to
+the moment its first step is recorded (polled every 20 ms). The median is
+what a user of a warm service waits; it includes the first step's own compute.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.benchmark
+
+NUM_JOBS = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
+    env["HETSCHED_CACHE_DIR"] = str(data_dir / "cache")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).json()["cluster"] == "available":
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, "hetsched serve exited"
+        assert time.monotonic() < deadline, "hetsched serve did not come up"
+        time.sleep(0.5)
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _submit_to_first_step_s(url: str) -> float:
+    body = {"name": "warm", "model": "gpt-tiny", "global_batch": 32, "steps": 2, "strategy": "dp"}
+    start = time.monotonic()
+    job = httpx.post(f"{url}/api/v1/jobs", json=body, timeout=30).json()
+    first = None
+    while True:
+        state = httpx.get(f"{url}/api/v1/jobs/{job['id']}", timeout=30).json()
+        if first is None and state["steps_done"] >= 1:
+            first = time.monotonic() - start
+        if state["state"] not in ("PENDING", "RUNNING"):
+            assert state["state"] == "SUCCEEDED", state["message"]
+            assert first is not None
+            return first
+        assert time.monotonic() - start < 600
+        time.sleep(0.02)
+
+
+def test_submit_to_first_step_on_a_warm_service(server: str) -> None:
+    cold = _submit_to_first_step_s(server)  # measures the profile, warms everything
+    warm = [_submit_to_first_step_s(server) for _ in range(NUM_JOBS)]
+    print(
+        f"\nsubmit -> first step: first job {cold:.2f} s (profiling); then "
+        f"{', '.join(f'{w:.2f}' for w in warm)} s, median {statistics.median(warm):.2f} s"
+    )

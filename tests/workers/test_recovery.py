@@ -1,0 +1,207 @@
+"""Durable training on simulated devices: checkpoints across plans, recovery from failures.
+
+Failures are real: a worker process is killed with SIGKILL between two steps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from scheduler.plan import DevicePlan, Plan
+from tests.workers.conftest import TINY, make_cluster, manual_plan
+from workers.session import (
+    Checkpointing,
+    CheckpointStore,
+    OptimizerConfig,
+    WorkerError,
+    WorkerPool,
+    train,
+)
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
+OPT = OptimizerConfig(lr=3e-3)
+SEED, STEPS, BATCH = 4, 8, 12
+DP = manual_plan([("a/0", 6, 6), ("a/1", 2, 2), ("a/2", 4, 2)])
+WITHOUT_T4 = manual_plan([("a/0", 8, 8), ("a/2", 4, 4)])
+
+
+def pp_plan(strategy: str = "pp") -> Plan:
+    """Two stages on a/0 and a/2 (pp), or two pipelines of one and two stages (hybrid)."""
+    if strategy == "pp":
+        layout = [("a/0", 0, 0, (0, 2), 0, 12), ("a/2", 0, 1, (2, 4), 0, 12)]
+    else:
+        layout = [
+            ("a/0", 0, 0, (0, 4), 0, 6),
+            ("a/1", 1, 0, (0, 2), 6, 6),
+            ("a/2", 1, 1, (2, 4), 6, 6),
+        ]
+    devices = tuple(
+        DevicePlan(
+            id=i,
+            samples=n,
+            micro_batch=n // 2,
+            accum_steps=2,
+            busy_s=0.0,
+            peak_bytes=0,
+            offset=off,
+            layers=layers,
+            pipeline=pipe,
+            stage=stage,
+        )
+        for i, pipe, stage, layers, off, n in layout
+    )
+    return Plan(
+        strategy=strategy,
+        global_batch=BATCH,
+        predicted_step_s=0.5,
+        compute_s=0.5,
+        comm_s=0.0,
+        devices=devices,
+    )
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = WorkerPool(CLUSTER, simulated=True)
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(pool, cache_dir):
+    """The uninterrupted loss curve."""
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=DP,
+        steps=STEPS,
+        seed=SEED,
+        optimizer=OPT,
+        cache_dir=cache_dir,
+        pool=pool,
+    )
+    return result.losses
+
+
+def _durable(tmp_path, name: str, every: int = 2) -> Checkpointing:
+    return Checkpointing(root=str(tmp_path / name), every_steps=every, keep_last=2)
+
+
+def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchanged(
+    pool, cache_dir, tmp_path, reference
+) -> None:
+    """dp writes at step 2, pp restores it and writes at step 5, hybrid restores that and
+    finishes: the loss curve is the uninterrupted dp run's."""
+    common = dict(
+        cluster=CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
+    )
+    store = CheckpointStore(str(tmp_path / "moves"))
+    first = train(plan=DP, steps=3, checkpointing=_durable(tmp_path, "moves", 3), **common)
+    second = train(
+        plan=pp_plan("pp"),
+        steps=6,
+        restore=store.latest(),
+        checkpointing=_durable(tmp_path, "moves", 3),
+        **common,
+    )
+    assert store.latest().step == 5 and store.latest().manifest["plan"]["strategy"] == "pp"
+    third = train(plan=pp_plan("hybrid"), steps=STEPS, restore=store.latest(), **common)
+    losses = first.losses + second.losses + third.losses
+    assert len(losses) == STEPS
+    assert losses == pytest.approx(reference, rel=1e-4)
+
+
+def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
+    pool, cache_dir, tmp_path, reference
+) -> None:
+    seen, recoveries = [], []
+
+    def kill_once(metrics) -> None:
+        seen.append(metrics.step)
+        if metrics.step == 4 and len(recoveries) == 0 and seen.count(4) == 1:
+            os.kill(pool.pids()["a/1"], signal.SIGKILL)
+
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=DP,
+        steps=STEPS,
+        seed=SEED,
+        optimizer=OPT,
+        cache_dir=cache_dir,
+        pool=pool,
+        checkpointing=_durable(tmp_path, "kill"),
+        max_failures=2,
+        on_step=kill_once,
+        on_recovery=recoveries.append,
+    )
+    assert result.losses == pytest.approx(reference, rel=1e-4)
+    assert result.steps_done == STEPS, "one record per step"
+    (recovery,) = recoveries
+    assert "a/1" in recovery.error and recovery.lost == ()
+    assert recovery.resumed_step == 4 and recovery.failed_step == 5  # checkpoint after step 3
+    assert recovery.recover_s > 0 and recovery.new_plan == DP.to_dict()
+
+
+def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
+    pool, cache_dir, tmp_path, reference
+) -> None:
+    recoveries = []
+
+    def lose_the_t4(metrics) -> None:
+        if metrics.step == 2 and not recoveries and "a/1" not in pool.lost():
+            pid = pool.pids()["a/1"]
+            pool.mark_lost(["a/1"])
+            os.kill(pid, signal.SIGKILL)  # gone already; the next step fails on it
+
+    def replan(lost: set[str]) -> Plan:
+        assert lost == {"a/1"}
+        return WITHOUT_T4
+
+    try:
+        result = train(
+            cluster=CLUSTER,
+            model=TINY,
+            plan=DP,
+            steps=STEPS,
+            seed=SEED,
+            optimizer=OPT,
+            cache_dir=cache_dir,
+            pool=pool,
+            checkpointing=_durable(tmp_path, "lost"),
+            max_failures=1,
+            replan=replan,
+            on_step=lose_the_t4,
+            on_recovery=recoveries.append,
+        )
+    finally:
+        pool.mark_lost(["a/1"], lost=False)
+    assert result.losses == pytest.approx(reference, rel=1e-4)
+    (recovery,) = recoveries
+    assert recovery.lost == ("a/1",) and recovery.new_plan == WITHOUT_T4.to_dict()
+    assert [d.id for d in result.devices] == ["a/0", "a/2"]
+
+
+def test_more_failures_than_allowed_fail_the_job_naming_them(pool, cache_dir, tmp_path) -> None:
+    def kill_every_time(metrics) -> None:
+        os.kill(pool.pids()["a/2"], signal.SIGKILL)
+
+    with pytest.raises(WorkerError, match=r"^2 failures, more than max_failures 1: step 1: a/2"):
+        train(
+            cluster=CLUSTER,
+            model=TINY,
+            plan=DP,
+            steps=STEPS,
+            seed=SEED,
+            optimizer=OPT,
+            cache_dir=cache_dir,
+            pool=pool,
+            checkpointing=_durable(tmp_path, "many"),
+            max_failures=1,
+            on_step=kill_every_time,
+        )

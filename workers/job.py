@@ -1,0 +1,173 @@
+"""A job's life in the driver: train, checkpoint, and recover from lost devices.
+
+DESIGN.md, "A job's life": :func:`train_job` runs the driver loop
+(:func:`workers.driver.run`) with checkpoints, and when a device's worker
+dies, its Ray node is lost or a collective times out, it does not end the
+job: it gives the run's workers back to the pool, asks the caller for a new
+plan of the same global batch on the devices still usable (a crashed
+process on a live device gets a new worker; a lost device is left out),
+restores the last checkpoint into the new plan and goes on from the step
+after it. The data order is a function of seed and step, so the recovered
+job trains exactly as an uninterrupted one; the steps after the checkpoint
+are run again and their records replace the earlier ones (``on_step`` sees
+them twice). Each recovery is reported as a :class:`Recovery`.
+
+An error that would recur — out of memory from the plan, a diverged loss —
+is not retried; nor is anything past ``max_failures`` recoveries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.plan import Plan
+from workers import driver
+from workers.checkpoint import CheckpointInfo, CheckpointStore
+from workers.driver import Checkpointing
+from workers.errors import WorkerError
+from workers.pool import WorkerPool
+from workers.records import StepMetrics, TrainResult, median_devices
+from workers.spec import RankSpec, RunSpec
+
+RECURRING = ("out of memory", "diverged", "checkpoint:", "dataset:", "plan:")
+"""Messages of errors a retry would meet again."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recovery:
+    """One recovery from a failure, as the job record and the dashboard show it."""
+
+    time_s: float
+    """When the failure was noticed (epoch seconds)."""
+    error: str
+    failed_step: int
+    """The step that did not complete."""
+    resumed_step: int
+    """The first step run again (the one after the restored checkpoint)."""
+    lost: tuple[str, ...]
+    """Devices left out because they are gone."""
+    old_plan: dict[str, Any]
+    new_plan: dict[str, Any]
+    recover_s: float
+    """From noticing the failure to the end of the first step after it."""
+
+    @property
+    def steps_redone(self) -> int:
+        return self.failed_step - self.resumed_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "error": self.error,
+            "failed_step": self.failed_step,
+            "resumed_step": self.resumed_step,
+            "steps_redone": self.steps_redone,
+            "lost": list(self.lost),
+            "old_plan": self.old_plan,
+            "new_plan": self.new_plan,
+            "recover_s": self.recover_s,
+        }
+
+
+def is_recurring(error: WorkerError) -> bool:
+    text = str(error)
+    return any(marker in text for marker in RECURRING)
+
+
+def train_job(
+    pool: WorkerPool,
+    *,
+    run_spec: RunSpec,
+    plan: Plan,
+    steps: int,
+    ranks_of: Callable[[Plan], Sequence[RankSpec]],
+    replan: Callable[[set[str]], Plan],
+    checkpointing: Checkpointing,
+    max_failures: int = 3,
+    restore: CheckpointInfo | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    on_recovery: Callable[[Recovery], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainResult:
+    """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
+
+    ``ranks_of(plan)`` builds a plan's rank specs; ``replan(lost)`` plans the
+    same global batch without the ``lost`` devices (it raises when nothing is
+    left). Returns the result over every step, one record per step.
+    """
+    by_step: dict[int, StepMetrics] = {}
+    last_step = -1  # the last step done by the current attempt
+    failures: list[str] = []
+    pending: dict[str, Any] | None = None  # a recovery waiting for its first step
+    stopped = False
+
+    def seen(metrics: StepMetrics) -> None:
+        nonlocal pending, last_step
+        by_step[metrics.step] = metrics
+        last_step = metrics.step
+        if on_step is not None:
+            on_step(metrics)
+        if pending is not None:
+            recovery = Recovery(recover_s=time.monotonic() - pending.pop("started"), **pending)
+            pending = None
+            if on_recovery is not None:
+                on_recovery(recovery)
+
+    while True:
+        start = restore.step + 1 if restore is not None else 0
+        last_step = start - 1
+        try:
+            result = driver.run(
+                pool,
+                run_spec=run_spec,
+                ranks=ranks_of(plan),
+                plan=plan,
+                steps=max(0, steps - start),
+                start_step=start,
+                restore=restore,
+                checkpointing=checkpointing,
+                on_step=seen,
+                on_checkpoint=on_checkpoint,
+                should_stop=should_stop,
+            )
+            stopped = result.stopped
+            break
+        except WorkerError as exc:
+            noticed, noticed_s = time.monotonic(), time.time()
+            failed_step = last_step + 1
+            if is_recurring(exc):
+                raise
+            failures.append(f"step {failed_step}: {exc}")
+            if len(failures) > max_failures:
+                raise WorkerError(
+                    f"{len(failures)} failures, more than max_failures {max_failures}: "
+                    + "; ".join(failures)
+                ) from exc
+            lost = pool.lost() & {d.id for d in plan.devices}
+            new_plan = replan(lost)
+            restore = CheckpointStore(checkpointing.root).latest()
+            pending = {
+                "started": noticed,
+                "time_s": noticed_s,
+                "error": str(exc),
+                "failed_step": failed_step,
+                "resumed_step": restore.step + 1 if restore is not None else 0,
+                "lost": tuple(sorted(lost)),
+                "old_plan": plan.to_dict(),
+                "new_plan": new_plan.to_dict(),
+            }
+            plan = new_plan
+    history = [by_step[s] for s in sorted(by_step)]
+    final_ids = [d.id for d in history[-1].devices] if history else []
+    final_plan_steps = [m for m in history if [d.id for d in m.devices] == final_ids]
+    return TrainResult(
+        steps_done=len(history),
+        losses=[m.loss for m in history],
+        step_times_s=[m.step_s for m in history],
+        devices=median_devices(final_plan_steps),
+        stopped=stopped,
+    )

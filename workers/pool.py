@@ -1,0 +1,137 @@
+"""The warm worker pool: one device actor per device, started once, reused by every job.
+
+Starting a Ray actor costs seconds (a process, torch's import, the first
+allocation), far more than a small job's first step. The pool keeps one
+:class:`~workers.worker.DeviceWorker` per device and hands the live ones to
+each run; a run joins them into its own process group and leaves it when it
+ends. An actor that died (a crash, a killed process, a lost node) or that a
+failed run gave back (:meth:`WorkerPool.discard`: its collective may be
+stuck) is started again on the next :meth:`WorkerPool.acquire`.
+
+A service keeps one pool for its lifetime; ``hetsched simulate`` one per
+command; :func:`workers.session.train` without a pool uses a temporary one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from scheduler.cluster import Cluster
+from workers.actors import actor_options, gather
+from workers.errors import WorkerError
+from workers.worker import DeviceWorker
+
+PING_TIMEOUT_S = 10.0
+"""How long a pooled actor may take to answer before it is replaced."""
+START_TIMEOUT_S = 180.0
+"""A fresh actor's start (process, torch import), generous for a loaded host."""
+
+
+class WorkerPool:
+    """Warm device actors of one cluster (module docstring)."""
+
+    def __init__(self, cluster: Cluster, *, simulated: bool) -> None:
+        self.cluster = cluster
+        self.simulated = simulated
+        self._actors: dict[str, Any] = {}
+        self._lost: set[str] = set()
+        self._node_of: dict[str, str] = {}
+        """Device id -> the Ray node its worker runs on (to tell a lost node)."""
+        self._lock = threading.Lock()
+        self._remote = ray.remote(DeviceWorker)
+
+    def acquire(self, device_ids: Sequence[str]) -> list[Any]:
+        """Live actors for ``device_ids``, in order; dead or missing ones are started."""
+        gone = sorted(set(device_ids) & self.lost())
+        if gone:
+            raise WorkerError(f"{', '.join(gone)}: device lost (its node is gone or it was failed)")
+        with self._lock:
+            known = [d for d in device_ids if d in self._actors]
+            if known:
+                self._drop_dead(known)
+            for device_id in device_ids:
+                if device_id not in self._actors:
+                    self._actors[device_id] = self._spawn(device_id)
+            actors = [self._actors[d] for d in device_ids]
+        # A fresh actor answers once torch is imported: the run's setup then starts warm.
+        gather(
+            [a.pid.remote() for a in actors], device_ids, timeout_s=START_TIMEOUT_S, what="start"
+        )
+        return actors
+
+    def warm(self, device_ids: Sequence[str] | None = None) -> None:
+        """Start the actors of ``device_ids`` (all devices) now, ahead of the first job."""
+        self.acquire(list(device_ids) if device_ids is not None else self.cluster.ids)
+
+    def lost(self) -> set[str]:
+        """Devices that cannot be used: marked lost, or on a Ray node that is not alive."""
+        alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+        with self._lock:
+            return set(self._lost) | {d for d, n in self._node_of.items() if n not in alive}
+
+    def mark_lost(self, device_ids: Sequence[str], lost: bool = True) -> None:
+        """Take devices out of service (a simulated fault), or bring them back."""
+        with self._lock:
+            if lost:
+                self._lost.update(device_ids)
+            else:
+                self._lost.difference_update(device_ids)
+        if lost:
+            self.discard(device_ids)
+
+    def discard(self, device_ids: Sequence[str]) -> None:
+        """Kill these actors (after a failed run); the next acquire starts new ones."""
+        with self._lock:
+            for device_id in device_ids:
+                actor = self._actors.pop(device_id, None)
+                if actor is not None:
+                    with contextlib.suppress(Exception):  # already gone is fine
+                        ray.kill(actor, no_restart=True)
+
+    def pids(self) -> dict[str, int]:
+        """Process id of each live pooled actor (for operators and tests)."""
+        with self._lock:
+            items = list(self._actors.items())
+        return dict(
+            zip(
+                [d for d, _ in items],
+                gather(
+                    [a.pid.remote() for _, a in items],
+                    [d for d, _ in items],
+                    timeout_s=PING_TIMEOUT_S,
+                    what="pid",
+                ),
+                strict=True,
+            )
+        )
+
+    def shutdown(self) -> None:
+        with self._lock:
+            ids = list(self._actors)
+        self.discard(ids)
+
+    def _spawn(self, device_id: str) -> Any:
+        device = self.cluster.device(device_id)
+        options = actor_options(device, simulated=self.simulated)
+        return self._remote.options(**options).remote(
+            device_id, simulated=self.simulated, gpu_index=None if self.simulated else device.index
+        )
+
+    def _drop_dead(self, device_ids: list[str]) -> None:
+        refs = {self._actors[d].pid.remote(): d for d in device_ids}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_TIMEOUT_S)
+        alive = set()
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref, timeout=0)
+                alive.add(refs[ref])
+        for device_id in device_ids:
+            if device_id not in alive:
+                actor = self._actors.pop(device_id)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)

@@ -1,0 +1,91 @@
+"""Pipeline plans as ranks: stage order, the pieces each stage holds, who syncs what.
+
+Pure helpers of the pipeline engine (:mod:`workers.pipeline_engine`) and the
+rank builder (:mod:`workers.spec`). Ranks are the plan's active devices
+ordered by pipeline, then stage. Every piece of the model (token embedding,
+position embedding, each block, the final norm) is SUM-all-reduced among the
+ranks that hold it: :func:`sync_groups` computes those groups from the plan,
+the same on every rank.
+"""
+
+from __future__ import annotations
+
+from scheduler.plan import DevicePlan, Plan
+from workers.errors import WorkerError
+
+SyncGroup = tuple[tuple[int, ...], tuple[str, ...]]
+"""Ranks holding the same pieces, and those pieces' names."""
+
+
+def piece_of_param(name: str) -> str:
+    """The piece a stage module's parameter belongs to (its global name)."""
+    if name in ("embed.wte.weight", "head.weight"):
+        return "wte"
+    if name.startswith("embed."):
+        return "wpe"
+    if name.startswith("blocks."):
+        return f"block{name.split('.')[1]}"
+    return "ln_f"
+
+
+def ordered_stages(plan: Plan) -> list[DevicePlan]:
+    """Active devices by pipeline then stage: their ranks. Checks the pipelines are whole."""
+    active = [d for d in plan.active if d.layers is not None]
+    if len(active) != len(plan.active):
+        missing = next(d.id for d in plan.active if d.layers is None)
+        raise WorkerError(f"plan: device {missing} of a {plan.strategy} plan has no layers")
+    active.sort(key=lambda d: (d.pipeline or 0, d.stage or 0))
+    pipelines: dict[int, list[DevicePlan]] = {}
+    for d in active:
+        pipelines.setdefault(d.pipeline or 0, []).append(d)
+    for index, stages in pipelines.items():
+        if [d.stage for d in stages] != list(range(len(stages))):
+            raise WorkerError(
+                f"plan: pipeline {index} has stages {[d.stage for d in stages]}; "
+                "expected 0..p-1, one device each"
+            )
+        for a, b in zip(stages, stages[1:], strict=False):
+            assert a.layers is not None and b.layers is not None
+            if a.layers[1] != b.layers[0]:
+                raise WorkerError(
+                    f"plan: {a.id} ends at block {a.layers[1]} but the next stage "
+                    f"{b.id} starts at {b.layers[0]}"
+                )
+            if (a.samples, a.offset, a.accum_steps) != (b.samples, b.offset, b.accum_steps):
+                raise WorkerError(
+                    f"plan: {a.id} and {b.id} of pipeline {index} disagree on "
+                    "samples, offset or micro-batches"
+                )
+    return active
+
+
+def pieces_of(d: DevicePlan, *, is_first: bool, is_last: bool) -> list[str]:
+    """Names of the model pieces a stage holds.
+
+    >>> pieces_of(DevicePlan(id="a/0", samples=1, micro_batch=1, accum_steps=1, busy_s=0,
+    ...                      peak_bytes=0, layers=(0, 2)), is_first=True, is_last=False)
+    ['wte', 'wpe', 'block0', 'block1']
+    """
+    assert d.layers is not None
+    out = ["wte", "wpe"] if is_first else []
+    out += [f"block{i}" for i in range(*d.layers)]
+    if is_last:
+        out += ["ln_f"] if is_first else ["wte", "ln_f"]
+    return out
+
+
+def sync_groups(stages: list[DevicePlan]) -> list[SyncGroup]:
+    """One all-reduce per distinct set of holders of some pieces (module docstring)."""
+    last_stage: dict[int, int] = {}
+    for d in stages:
+        last_stage[d.pipeline or 0] = max(last_stage.get(d.pipeline or 0, 0), d.stage or 0)
+    holders: dict[str, list[int]] = {}
+    for rank, d in enumerate(stages):
+        pieces = pieces_of(d, is_first=d.stage == 0, is_last=d.stage == last_stage[d.pipeline or 0])
+        for piece in dict.fromkeys(pieces):
+            holders.setdefault(piece, []).append(rank)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for piece, ranks in holders.items():
+        if len(ranks) > 1:
+            groups.setdefault(tuple(sorted(ranks)), []).append(piece)
+    return [(ranks, tuple(pieces)) for ranks, pieces in sorted(groups.items())]
