@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from scheduler.costmodel import busy_s, ring_allreduce_s, slowest_link_gbps
+from scheduler.costmodel import busy_s, num_micro_batches, ring_allreduce_s, slowest_link_gbps
+from scheduler.costs import RecomputeCost
 from scheduler.errors import PlanError
 from scheduler.hybrid import sync_s
 from scheduler.pipeline import stage_plans
@@ -45,8 +46,21 @@ from scheduler.stages import (
 )
 
 
+def _scale_recompute(cost: RecomputeCost | None, factor: float) -> RecomputeCost | None:
+    if cost is None:
+        return None
+    fixed_s = None if cost.fixed_s is None else cost.fixed_s * factor
+    return replace(cost, fixed_s=fixed_s, per_sample_s=cost.per_sample_s * factor)
+
+
 def _scale_cost(cost: LayerCost, factor: float) -> LayerCost:
-    return replace(cost, fixed_s=cost.fixed_s * factor, per_sample_s=cost.per_sample_s * factor)
+    return replace(
+        cost,
+        fixed_s=cost.fixed_s * factor,
+        per_sample_s=cost.per_sample_s * factor,
+        selective=_scale_recompute(cost.selective, factor),
+        full=_scale_recompute(cost.full, factor),
+    )
 
 
 def scale_device(device: DeviceProfile, factor: float) -> DeviceProfile:
@@ -65,6 +79,8 @@ def scale_device(device: DeviceProfile, factor: float) -> DeviceProfile:
         fixed_s=device.fixed_s * factor,
         per_sample_s=device.per_sample_s * factor,
         layers=layers,
+        selective=_scale_recompute(device.selective, factor),
+        full=_scale_recompute(device.full, factor),
     )
 
 
@@ -114,7 +130,13 @@ def _chains(plan: Plan, profile: Profile) -> list[tuple[Chain, list[DevicePlan]]
                     device=device,
                     first=first,
                     last=last,
-                    time_s=stage_time_s(layers_of(device), last - first, entry.micro_batch, **flags)
+                    time_s=stage_time_s(
+                        layers_of(device),
+                        last - first,
+                        entry.micro_batch,
+                        recompute=entry.recompute,
+                        **flags,
+                    )
                     + exchange_s(**flags),
                     peak_bytes=entry.peak_bytes,
                 )
@@ -123,11 +145,20 @@ def _chains(plan: Plan, profile: Profile) -> list[tuple[Chain, list[DevicePlan]]
     return out
 
 
+def _dp_busy_s(device: DeviceProfile, entry: DevicePlan) -> float:
+    """``k·fixed_s + n·per_sample_s`` with the figures of the recomputation the plan chose."""
+    option = next((o for o in device.options() if o.recompute == entry.recompute), None)
+    if option is None:  # the live profile lacks that mode's figures: the plain ones
+        return busy_s(device, entry.samples, entry.micro_batch)
+    k = num_micro_batches(entry.samples, entry.micro_batch)
+    return k * option.fixed_s + entry.samples * option.per_sample_s
+
+
 def predicted_busy_s(plan: Plan, profile: Profile) -> dict[str, float]:
     """Compute time per step of each active device of ``plan`` under ``profile``."""
     _check(plan, profile)
     if not plan.active or plan.active[0].layers is None:
-        return {d.id: busy_s(profile.device(d.id), d.samples, d.micro_batch) for d in plan.active}
+        return {d.id: _dp_busy_s(profile.device(d.id), d) for d in plan.active}
     busy: dict[str, float] = {}
     for chain, entries in _chains(plan, profile):
         head = entries[0]

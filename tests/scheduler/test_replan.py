@@ -404,7 +404,8 @@ def test_auto_replans_with_the_auto_rules() -> None:
         plan, live, global_batch=256, strategy="auto", steps_left=10_000, switch_cost_s=0.0
     )
     assert decision.new_plan.predicted_step_s == make_plan(live, 256, "auto").predicted_step_s
-    assert decision.switch and not decision.in_place
+    assert decision.switch
+    assert decision.in_place == switches_in_place(plan, decision.new_plan)
     assert decision.new_step_s < decision.old_step_s
 
 
