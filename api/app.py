@@ -19,26 +19,35 @@ from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
+from api.contract import AllowHeader, install_openapi
 from api.db import make_engine
 from api.deps import AppState
 from api.executor import Executor
-from api.routes import api_router, health, metrics
-from api.services import ClusterHandle, ClusterUnavailable, Profiler, connect_cluster
-from api.settings import Settings
+from api.routes import api_router, docs, health, metrics
+from api.services import (
+    ClusterHandle,
+    ClusterUnavailable,
+    NotOnServer,
+    Profiler,
+    connect_cluster,
+)
+from api.settings import API_PREFIX, Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError, PlanError
 
 log = logging.getLogger("hetsched.api")
-API_PREFIX = "/api/v1"
 
 
 def _field(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     # drop pydantic's union-branch tags such as "str" / "ModelDims"
-    parts = [p for p in parts if p not in ("str", "ModelDims", "function-after[_printable(), str]")]
+    parts = [
+        p
+        for p in parts
+        if p not in ("str", "ModelDims", "TrainableModelDims", "function-after[_printable(), str]")
+    ]
     return ".".join(parts) or "body"
 
 
@@ -74,7 +83,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _hetsched(_request: Request, exc: HetschedError) -> JSONResponse:
         code = (
             status.HTTP_409_CONFLICT
-            if isinstance(exc, PlanError | ClusterUnavailable)
+            if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer)
             else (status.HTTP_422_UNPROCESSABLE_CONTENT)
         )
         return JSONResponse(
@@ -107,9 +116,14 @@ def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHan
 def build_state(settings: Settings) -> AppState:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(make_engine(settings.database_url))
-    failed = store.fail_interrupted()
-    if failed:
-        log.warning("marked %d interrupted job(s) FAILED: %s", len(failed), ", ".join(failed))
+    interrupted = store.running()
+    if interrupted:
+        log.warning(
+            "%d job(s) were running when the service stopped; they resume from their "
+            "last checkpoint: %s",
+            len(interrupted),
+            ", ".join(j.id for j in interrupted),
+        )
     handle = _keeping_signal_handlers(lambda: connect_cluster(settings))
     if not handle.available:
         log.warning("cluster unavailable: %s", handle.message)
@@ -124,10 +138,11 @@ def build_state(settings: Settings) -> AppState:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The control plane. ``settings`` default to the ``HETSCHED_*`` environment."""
+    settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings or Settings())
+        state = build_state(settings)
         app.state.hetsched = state
         if state.executor is not None:
             state.executor.start()
@@ -136,8 +151,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if state.executor is not None:
                 state.executor.shutdown()
-            state.handle.close()
             state.store.engine.dispose()
+            state.handle.close()
 
     app = FastAPI(
         title="hetsched",
@@ -145,45 +160,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # FastAPI's pages load from a CDN; api/routes/docs.py serves them offline
+        redoc_url=None,
+    )
+    app.state.metrics_registry = metrics.build_registry(
+        lambda: getattr(app.state, "hetsched", None)
     )
     install_error_handlers(app)
-    _document_errors_as_one_line(app)
+    install_openapi(app, token_required=settings.token is not None)
+    app.add_middleware(AllowHeader)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    docs.add_docs(app, openapi_url=f"{API_PREFIX}/openapi.json")
     _add_dashboard(app)
     return app
-
-
-def _document_errors_as_one_line(app: FastAPI) -> None:
-    """Make the OpenAPI 422 schema say what the handler sends: ``{"detail": "<line>"}``."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
-            )
-            components = schema.get("components", {}).get("schemas", {})
-            components.pop("ValidationError", None)
-            if "HTTPValidationError" in components:
-                components["HTTPValidationError"] = {
-                    "title": "HTTPValidationError",
-                    "type": "object",
-                    "required": ["detail"],
-                    "properties": {
-                        "detail": {
-                            "type": "string",
-                            "title": "Detail",
-                            "description": "One line per bad field: "
-                            "'<field>: <what is allowed>', joined by '; '.",
-                        }
-                    },
-                }
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _add_dashboard(app: FastAPI) -> None:

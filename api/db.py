@@ -30,6 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from api.migrate import upgrade
+
 
 class Base(DeclarativeBase):
     pass
@@ -100,8 +102,35 @@ class ProfileRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class EventRow(Base):
+    """What changed a running job's plan: a recovery, a re-plan, a restart of the service."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int] = mapped_column(Integer)
+    data_json: Mapped[str] = mapped_column(Text)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uri: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with the tables created; SQLite gets WAL and foreign keys."""
+    """An engine for ``url``, its schema migrated to the newest revision (api/migrate.py);
+    SQLite gets WAL and foreign keys."""
     is_sqlite = url.startswith("sqlite")
     connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
@@ -115,5 +144,5 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
 
-    Base.metadata.create_all(engine)
+    upgrade(engine)
     return engine

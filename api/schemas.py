@@ -32,12 +32,13 @@ client cannot store something a later read would choke on.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from api.states import TERMINAL_STATES, JobState
 from scheduler import planner
 from scheduler.models import PRESETS
 
@@ -65,27 +66,64 @@ def _strategy(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_printable)]
-Name = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_printable)]
-DeviceId = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+"""What :func:`_printable` allows, for the OpenAPI document (pydantic checks with it)."""
+_printable_schema = Field(json_schema_extra={"pattern": PRINTABLE})
+Text = Annotated[str, _printable_schema, AfterValidator(_printable)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=100), _printable_schema, AfterValidator(_printable)
+]
+DeviceId = Annotated[
+    str, Field(min_length=1, max_length=200), _printable_schema, AfterValidator(_printable)
+]
+
+
+def _device_list(value: list[str]) -> list[str]:
+    if not value:
+        raise ValueError("must list at least one device id, or be omitted for all")
+    if len(set(value)) != len(value):
+        raise ValueError("lists a device twice")
+    return value
+
+
+DeviceIds = Annotated[
+    list[DeviceId],
+    Field(max_length=4096, json_schema_extra={"minItems": 1, "uniqueItems": True}),
+    AfterValidator(_device_list),
+]
+"""Device ids, each once; omit the field (not ``[]``) for the whole cluster."""
+PresetName = Annotated[
+    str,
+    Field(
+        json_schema_extra={"enum": list(PRESETS)},
+        description=f"A model preset: {', '.join(PRESETS)}.",
+    ),
+]
+# A relative path whose segments do not start with '.': never absolute, never '..'.
+_SEGMENT = r"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]*"
+DATASET_PATTERN = rf"^{_SEGMENT}(/{_SEGMENT})*$"
+
+
+def _dataset_name(value: str) -> str:
+    if not re.fullmatch(DATASET_PATTERN, value):
+        raise ValueError(
+            "must be 'default' or a file name inside the server's data directory "
+            "(relative, no segment starting with '.')"
+        )
+    return value
+
+
+DatasetName = Annotated[
+    str,
+    Field(min_length=1, max_length=255, json_schema_extra={"pattern": DATASET_PATTERN}),
+    AfterValidator(_printable),
+    AfterValidator(_dataset_name),
+]
 StrategyName = Annotated[
     str,
     Field(json_schema_extra={"enum": list(allowed_strategies())}),
     AfterValidator(_strategy),
 ]
-
-
-class JobState(StrEnum):
-    """Job states as Ray's job API has them; the last three are terminal."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-
-TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED})
 
 
 class _In(BaseModel):
@@ -103,8 +141,8 @@ class ModelDims(_In):
     name: Name = "custom"
     family: Literal["gpt", "llama"] = "gpt"
     num_layers: int = Field(ge=1, le=1024)
-    d_model: int = Field(ge=1, le=65536)
-    num_heads: int = Field(ge=1, le=1024)
+    d_model: int = Field(ge=1, le=65536, description="A multiple of num_heads.")
+    num_heads: int = Field(ge=1, le=1024, description="Must divide d_model.")
     d_ff: int = Field(ge=1, le=262144)
     vocab_size: int = Field(ge=2, le=1_000_000)
     seq_len: int = Field(ge=1, le=131072)
@@ -119,16 +157,43 @@ class ModelDims(_In):
 
 
 ModelRef = Annotated[
-    str | ModelDims,
+    PresetName | ModelDims,
+    Field(description=f"A preset name ({', '.join(PRESETS)}) or explicit dimensions."),
+]
+
+
+class TrainableModelDims(ModelDims):
+    """Dimensions of a model to train: training reads byte tokens, so at least 256 of them."""
+
+    vocab_size: int = Field(ge=256, le=1_000_000)
+
+
+TrainableModelRef = Annotated[
+    PresetName | TrainableModelDims,
     Field(description=f"A preset name ({', '.join(PRESETS)}) or explicit dimensions."),
 ]
 
 
 class OptimizerSpec(_In):
-    """AdamW settings."""
+    """AdamW settings, the learning-rate schedule and gradient clipping."""
 
     lr: float = Field(default=3e-3, gt=0, le=10, allow_inf_nan=False)
     weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    warmup_steps: int = Field(default=0, ge=0, le=1_000_000, description="Linear warm-up.")
+    decay_steps: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Cosine decay ends at this step; 0 keeps the rate after the warm-up.",
+    )
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
+    grad_clip: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Largest global gradient norm (over every device and stage); null: off.",
+    )
 
 
 class PlanCreate(_In):
@@ -137,25 +202,45 @@ class PlanCreate(_In):
     model: ModelRef = "gpt-tiny"
     global_batch: int = Field(default=32, ge=1, le=1_000_000)
     strategy: StrategyName = "auto"
-    devices: list[DeviceId] | None = Field(
-        default=None, max_length=4096, description="Device ids to use; all when absent."
+    devices: DeviceIds | None = Field(
+        default=None, description="Device ids to use; all when absent."
     )
 
 
 class JobCreate(PlanCreate):
     """A training job."""
 
+    model: TrainableModelRef = "gpt-tiny"
     name: Name = "job"
-    dataset: Text = Field(
+    dataset: DatasetName = Field(
         default="default",
-        min_length=1,
-        max_length=255,
         description="'default' (the bundled corpus) or a file name inside the server's data "
-        "directory.",
+        "directory (a relative path; no segment may start with '.').",
     )
     steps: int = Field(default=20, ge=1, le=1_000_000)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Steps between checkpoints; default a tenth of the steps, at most 50.",
+    )
+    checkpoint_every_s: float | None = Field(
+        default=None, gt=0, le=1e7, allow_inf_nan=False, description="Seconds between checkpoints."
+    )
+    max_failures: int = Field(
+        default=3, ge=0, le=1000, description="Failures recovered from before the job fails."
+    )
+    replan: bool | None = Field(
+        default=None,
+        description="Follow a device's speed change by re-planning; default the service's.",
+    )
+    init_from: Text | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{1,32}(@[0-9]{1,9})?$",
+        description="Start from another job's checkpoint: 'JOB_ID' (its latest) or 'JOB_ID@STEP'.",
+    )
     submission_id: Text | None = Field(
         default=None,
         min_length=1,
@@ -164,11 +249,27 @@ class JobCreate(PlanCreate):
     )
 
 
+class DeviceFailure(_In):
+    """A fault injected on a simulated device."""
+
+    kind: Literal["crash", "lost"] = Field(
+        default="crash",
+        description="crash: its worker process dies and is restarted; lost: the device is gone "
+        "until restored.",
+    )
+
+
+class DeviceSlowdown(_In):
+    factor: float = Field(
+        gt=0, le=1000, allow_inf_nan=False, description="Times its own time; 1 restores it."
+    )
+
+
 class ProfileCreate(_In):
     """Measure (or re-measure) the cluster's devices for a model."""
 
     model: ModelRef = "gpt-tiny"
-    devices: list[DeviceId] | None = Field(default=None, max_length=4096)
+    devices: DeviceIds | None = None
     refresh: bool = Field(default=False, description="Measure again even when cached.")
 
 
@@ -257,7 +358,8 @@ class DevicePublic(BaseModel):
     capacity_bytes: int
     """What the device really offers: scaled memory for simulated devices."""
     peak_tflops: float
-    status: Literal["idle", "busy", "unavailable"]
+    status: Literal["idle", "busy", "unavailable", "lost"]
+    """``lost``: its node is gone (or a simulated loss) until it comes back."""
     job_id: str | None = None
     measured: MeasuredSpeed | None = None
     """From the most recent profile of this device."""
@@ -287,6 +389,27 @@ class ClusterPublic(BaseModel):
 # --- jobs -------------------------------------------------------------------
 
 
+class JobEventPublic(BaseModel):
+    time: datetime
+    kind: Literal["recovery", "replan", "restart"]
+    step: int
+    """The step it happened at (a recovery: the first step run again)."""
+    data: dict[str, Any]
+    """Its record: error, devices lost, old and new plan, predicted gain, seconds taken."""
+
+
+class CheckpointPublic(BaseModel):
+    step: int
+    created_at: datetime
+    url: str
+    """Where to download it (a .tar.gz of its safetensors parts and manifest)."""
+
+
+class CheckpointsPublic(BaseModel):
+    data: list[CheckpointPublic]
+    count: int
+
+
 class JobPublic(BaseModel):
     id: str
     name: str
@@ -313,6 +436,8 @@ class JobPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    events: list[JobEventPublic] = []
+    """What changed the job's plan while it ran: recoveries, re-plans, restarts."""
 
 
 class JobsPublic(BaseModel):
@@ -368,12 +493,14 @@ class ErrorPublic(BaseModel):
 
 
 class Options(BaseModel):
-    """What a submit form may offer."""
+    """What a submit form may offer, and the job states a client may see."""
 
     models: list[str]
     strategies: list[str]
     datasets: list[str]
     devices: list[str]
+    job_states: list[JobState] = list(JobState)
+    terminal_states: list[JobState] = sorted(TERMINAL_STATES)
 
 
 class Health(BaseModel):

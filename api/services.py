@@ -12,13 +12,18 @@ store so ``GET /profiles`` and the dashboard can show it.
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
+import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
+from api.local_ray import LocalRaySession
 from api.schemas import ModelDims
 from api.settings import Settings
 from api.store import JobStore, ProfileRecord
@@ -42,6 +47,11 @@ class ClusterUnavailable(HetschedError):
     """The request needs the cluster, which cannot be reached (HTTP 409)."""
 
 
+class NotOnServer(HetschedError):
+    """A well-formed request names what this server does not have now: a device id its
+    cluster lacks, a dataset file missing from its data directory (HTTP 409)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ClusterHandle:
     cluster: Cluster | None
@@ -51,6 +61,8 @@ class ClusterHandle:
     ray_address: str | None = None
     pool: Any = None
     """The warm workers (:class:`workers.pool.WorkerPool`) when the cluster is available."""
+    local_ray: LocalRaySession | None = None
+    """Set when this service started the local Ray: it stops it when it stops."""
 
     def warm(self) -> None:
         """Start every device's worker now, so the first job starts warm (errors logged)."""
@@ -62,9 +74,11 @@ class ClusterHandle:
             log.warning("could not warm the device workers: %s", _one_line(exc))
 
     def close(self) -> None:
-        """Stop the warm workers (the service is stopping)."""
+        """Stop the warm workers, then the local Ray this service started, if any."""
         if self.pool is not None:
             self.pool.shutdown()
+        if self.local_ray is not None:
+            self.local_ray.stop()
 
 
 def connect_cluster(settings: Settings) -> ClusterHandle:
@@ -109,15 +123,21 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
             available=False,
             message="local Ray not started (HETSCHED_START_RAY=false)",
         )
+    session = LocalRaySession(settings.data_dir)
+    session.reap_predecessor()
     try:
         from workers.session import WorkerPool, start_local_ray
 
-        start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
+        started = start_local_ray(cluster, num_cpus=settings.ray_num_cpus)
     except Exception as exc:
         return ClusterHandle(
             cluster=cluster, available=False, message=f"cannot start local Ray: {_one_line(exc)}"
         )
-    return ClusterHandle(cluster=cluster, available=True, pool=WorkerPool(cluster, simulated=True))
+    pool = WorkerPool(cluster, simulated=True)
+    if not started:  # Ray was already up in this process (a test's): not ours to stop
+        return ClusterHandle(cluster=cluster, available=True, pool=pool)
+    session.record()
+    return ClusterHandle(cluster=cluster, available=True, local_ray=session, pool=pool)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:
@@ -184,7 +204,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
     """The devices a job asks for (all when ``None``); unknown ids name the known ones."""
     if handle.cluster is None:
         if device_ids:
-            raise HetschedError(f"devices: the cluster is unavailable ({handle.message})")
+            raise ClusterUnavailable(f"devices: the cluster is unavailable ({handle.message})")
         return []
     known = handle.cluster.ids
     if device_ids is None:
@@ -195,7 +215,7 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
         raise HetschedError("devices: lists a device twice")
     for device_id in device_ids:
         if device_id not in known:
-            raise HetschedError(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
+            raise NotOnServer(f"devices: unknown id {device_id!r}; known: {', '.join(known)}")
     return [d for d in known if d in set(device_ids)]
 
 
@@ -214,9 +234,9 @@ def resolve_dataset(
     path = DEFAULT_CORPUS if name == "default" else _inside(data_dir, name, what="dataset")
     if not path.is_file() or not is_dataset_name(path.name):
         known = ", ".join(list_datasets(data_dir))
-        raise HetschedError(
-            f"dataset: no dataset {name!r} in the server's data directory "
-            f"{data_dir.resolve()}; give one of: {known}"
+        raise NotOnServer(
+            f"dataset: no file {name!r} in the server's data directory {data_dir.resolve()}; "
+            f"give one of: {known}"
         )
     inspect_dataset(path, seq_len=seq_len, vocab_size=vocab_size, global_batch=global_batch)
     return None if name == "default" else path
@@ -364,6 +384,19 @@ def dry_run(
         profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
         source = "analytic"
     return make_plan(profile, global_batch, strategy), source
+
+
+def pack_checkpoint(uri: str, name: str) -> bytes:
+    """A checkpoint's files (any fsspec location) as one .tar.gz under the folder ``name``."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(fs.find(root)):
+            data = fs.cat_file(path)
+            info = tarfile.TarInfo(f"{name}/{path[len(root) :].lstrip('/')}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def plan_summary(plan: Plan) -> str:

@@ -13,6 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLUSTER = REPO_ROOT / "deploy" / "clusters" / "local-sim.yaml"
+API_PREFIX = "/api/v1"
+"""Where the REST API is mounted."""
 
 
 class Settings(BaseSettings):
@@ -38,6 +40,11 @@ class Settings(BaseSettings):
     """Largest dataset file ``POST /api/v1/datasets`` accepts (default 1 GiB)."""
     api_token: SecretStr | None = None
     """When set, mutating calls need ``Authorization: Bearer <token>``."""
+    checkpoint_uri: str | None = None
+    """Where jobs' checkpoints go: a directory, or an fsspec URI every Ray node can
+    reach (shared storage on a multi-node cluster); default ``<data_dir>/checkpoints``."""
+    replan: bool = True
+    """Jobs follow a device's speed change by re-planning, unless their spec says no."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 
@@ -54,6 +61,12 @@ class Settings(BaseSettings):
     @property
     def profile_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
+
+    @property
+    def checkpoint_root(self) -> str:
+        if self.checkpoint_uri:
+            return self.checkpoint_uri.rstrip("/")
+        return str((self.data_dir / "checkpoints").resolve())
 
     @property
     def token(self) -> str | None:

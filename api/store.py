@@ -21,17 +21,15 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.db import JobRow, LogRow, ProfileRow, StepRow
+from api.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
+from api.schemas import JobCreate
+from api.states import TERMINAL_STATES, JobState
+from scheduler.plan import Plan, plan_from_dict
 
-PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED = (
-    "PENDING",
-    "RUNNING",
-    "STOPPED",
-    "SUCCEEDED",
-    "FAILED",
-)
-TERMINAL = (STOPPED, SUCCEEDED, FAILED)
-RESTART_MESSAGE = "control plane restarted while the job was running"
+# Short names for the states of api/states.py (the executor uses them).
+PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
+STOPPED, SUCCEEDED, FAILED = JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED
+TERMINAL = TERMINAL_STATES
 
 
 def now() -> datetime:
@@ -51,11 +49,12 @@ class JobRecord:
     name: str
     model_name: str
     submission_id: str | None
-    spec: dict[str, Any]
-    state: str
+    spec: JobCreate
+    """The job as submitted, parsed once here; nothing downstream reads the JSON."""
+    state: JobState
     message: str
     devices: list[str]
-    plan: dict[str, Any] | None
+    plan: Plan | None
     steps: int
     global_batch: int
     steps_done: int
@@ -69,7 +68,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +89,23 @@ class LogRecord:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class EventRecord:
+    """What changed a running job's plan (``recovery``, ``replan``, ``restart``)."""
+
+    time: datetime
+    kind: str
+    step: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointRecord:
+    step: int
+    uri: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProfileRecord:
     id: int
     model: str
@@ -105,11 +121,11 @@ def _job(row: JobRow) -> JobRecord:
         name=row.name,
         model_name=row.model_name,
         submission_id=row.submission_id,
-        spec=json.loads(row.spec_json),
-        state=row.state,
+        spec=JobCreate.model_validate_json(row.spec_json),
+        state=JobState(row.state),
         message=row.message,
         devices=json.loads(row.devices_json),
-        plan=json.loads(row.plan_json) if row.plan_json else None,
+        plan=plan_from_dict(json.loads(row.plan_json)) if row.plan_json else None,
         steps=row.steps,
         global_batch=row.global_batch,
         steps_done=row.steps_done,
@@ -138,7 +154,7 @@ class JobStore:
         *,
         name: str,
         model_name: str,
-        spec: dict[str, Any],
+        spec: JobCreate,
         submission_id: str | None,
     ) -> tuple[JobRecord, bool]:
         """Store a PENDING job; with a known ``submission_id`` return that job instead.
@@ -154,12 +170,12 @@ class JobStore:
             name=name,
             model_name=model_name,
             submission_id=submission_id,
-            spec_json=json.dumps(spec),
+            spec_json=spec.model_dump_json(),
             state=PENDING,
             message="queued",
             devices_json="[]",
-            steps=int(spec["steps"]),
-            global_batch=int(spec["global_batch"]),
+            steps=spec.steps,
+            global_batch=spec.global_batch,
             steps_done=0,
             stop_requested=False,
             created_at=now(),
@@ -188,7 +204,7 @@ class JobStore:
             return _job(row) if row is not None else None
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 100, offset: int = 0
+        self, *, state: JobState | None = None, limit: int = 100, offset: int = 0
     ) -> tuple[list[JobRecord], int]:
         """Newest first; ``count`` is over all pages."""
         with self._tx() as session:
@@ -211,11 +227,11 @@ class JobStore:
     def count_by_state(self) -> dict[str, int]:
         with self._tx() as session:
             rows = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
-            counts = {state: 0 for state in (PENDING, RUNNING, *TERMINAL)}
+            counts = {str(state): 0 for state in JobState}
             counts.update({state: int(n) for state, n in rows})
             return counts
 
-    def _transition(self, job_id: str, from_states: Iterable[str], **values: Any) -> bool:
+    def _transition(self, job_id: str, from_states: Iterable[JobState], **values: Any) -> bool:
         with self._tx() as session:
             result = session.execute(
                 update(JobRow)
@@ -238,20 +254,21 @@ class JobStore:
             message="profiling",
         )
 
-    def set_plan(self, job_id: str, plan: dict[str, Any], devices: list[str]) -> None:
+    def set_plan(self, job_id: str, plan: Plan, devices: list[str]) -> None:
         """Store the plan and the devices it uses (the others are handed back)."""
         self._transition(
             job_id,
             [RUNNING],
-            plan_json=json.dumps(plan),
+            plan_json=json.dumps(plan.to_dict()),
             devices_json=json.dumps(devices),
-            predicted_step_s=float(plan["predicted_step_s"]),
+            predicted_step_s=plan.predicted_step_s,
             message="training",
         )
 
-    def finish(self, job_id: str, state: str, message: str) -> bool:
+    def finish(self, job_id: str, state: JobState | str, message: str) -> bool:
         """Move a non-terminal job to a terminal ``state``; False when already terminal."""
-        assert state in TERMINAL
+        state = JobState(state)
+        assert state.terminal
         return self._transition(
             job_id, [PENDING, RUNNING], state=state, message=message, ended_at=now()
         )
@@ -277,17 +294,74 @@ class JobStore:
                 return False
             session.execute(delete(StepRow).where(StepRow.job_id == job_id))
             session.execute(delete(LogRow).where(LogRow.job_id == job_id))
+            session.execute(delete(EventRow).where(EventRow.job_id == job_id))
+            session.execute(delete(CheckpointRow).where(CheckpointRow.job_id == job_id))
             session.delete(row)
             return True
 
-    def fail_interrupted(self, message: str = RESTART_MESSAGE) -> list[str]:
-        """Mark jobs left RUNNING by a previous process FAILED; their plan and steps stay."""
+    def running(self) -> list[JobRecord]:
+        """Jobs in state RUNNING, oldest first (after a restart: the ones to resume)."""
         with self._tx() as session:
-            ids = list(session.scalars(select(JobRow.id).where(JobRow.state == RUNNING)))
-        for job_id in ids:
-            if self.finish(job_id, FAILED, message):
-                self.log(job_id, "ERROR", message)
-        return ids
+            rows = session.scalars(
+                select(JobRow).where(JobRow.state == RUNNING).order_by(JobRow.seq)
+            )
+            return [_job(r) for r in rows]
+
+    # --- what changed a running job, and its checkpoints -------------------------
+
+    def add_event(self, job_id: str, *, kind: str, step: int, data: dict[str, Any]) -> None:
+        with self._tx() as session:
+            session.add(
+                EventRow(
+                    job_id=job_id, time=now(), kind=kind, step=step, data_json=json.dumps(data)
+                )
+            )
+
+    def events(self, job_id: str) -> list[EventRecord]:
+        with self._tx() as session:
+            rows = session.scalars(
+                select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id)
+            )
+            return [
+                EventRecord(
+                    time=_utc(r.time) or now(),
+                    kind=r.kind,
+                    step=r.step,
+                    data=json.loads(r.data_json),
+                )
+                for r in rows
+            ]
+
+    def count_events(self) -> dict[str, int]:
+        """Events of every job by kind (``recovery``, ``replan``, ``restart``), zeros included."""
+        with self._tx() as session:
+            rows = session.execute(select(EventRow.kind, func.count()).group_by(EventRow.kind))
+            counts = dict.fromkeys(("recovery", "replan", "restart"), 0)
+            counts.update({kind: int(n) for kind, n in rows})
+            return counts
+
+    def add_checkpoint(self, job_id: str, *, step: int, uri: str, keep: list[int]) -> None:
+        """Record a checkpoint; forget those no longer kept (retention removed them)."""
+        with self._tx() as session:
+            session.merge(CheckpointRow(job_id=job_id, step=step, uri=uri, created_at=now()))
+            session.execute(
+                delete(CheckpointRow).where(
+                    CheckpointRow.job_id == job_id, CheckpointRow.step.not_in(keep)
+                )
+            )
+
+    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
+        """Newest last."""
+        with self._tx() as session:
+            rows = session.scalars(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id)
+                .order_by(CheckpointRow.step)
+            )
+            return [
+                CheckpointRecord(step=r.step, uri=r.uri, created_at=_utc(r.created_at) or now())
+                for r in rows
+            ]
 
     # --- steps and logs --------------------------------------------------------
 

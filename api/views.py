@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from api.executor import Executor
 from api.schemas import (
     ClusterPublic,
     DevicePublic,
-    JobCreate,
+    JobEventPublic,
     JobPublic,
-    JobState,
     MeasuredSpeed,
     NodePublic,
     PlanPublic,
     ProfilePublic,
 )
 from api.services import ClusterHandle
-from api.store import JobRecord, JobStore, ProfileRecord
+from api.store import EventRecord, JobRecord, JobStore, ProfileRecord
 from scheduler.capacity import usable_capacity_bytes
+from scheduler.plan import Plan
 
 
-def plan_public(plan: dict[str, Any]) -> PlanPublic:
-    return PlanPublic.model_validate(plan)
+def plan_public(plan: Plan) -> PlanPublic:
+    return PlanPublic.model_validate(plan.to_dict())
 
 
-def job_public(job: JobRecord) -> JobPublic:
+def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
+    """The job as the API shows it; ``events`` only where one job is read."""
     samples_per_s = None
     if job.measured_step_s:
         samples_per_s = job.global_batch / job.measured_step_s
@@ -33,9 +35,9 @@ def job_public(job: JobRecord) -> JobPublic:
         id=job.id,
         name=job.name,
         model_name=job.model_name,
-        state=JobState(job.state),
+        state=job.state,
         message=job.message,
-        spec=JobCreate.model_validate(job.spec),
+        spec=job.spec,
         submission_id=job.submission_id,
         devices=job.devices,
         plan=plan_public(job.plan) if job.plan else None,
@@ -50,6 +52,10 @@ def job_public(job: JobRecord) -> JobPublic:
         created_at=job.created_at,
         started_at=job.started_at,
         ended_at=job.ended_at,
+        events=[
+            JobEventPublic(time=e.time, kind=e.kind, step=e.step, data=e.data)  # type: ignore[arg-type]
+            for e in events
+        ],
     )
 
 
@@ -102,6 +108,7 @@ def cluster_public(
     busy = executor.busy_devices() if executor else {}
     live = {job.job_id: job for job in executor.live()} if executor else {}
     speeds = _latest_speeds(store)
+    lost = handle.pool.lost() if handle.pool is not None and handle.available else set()
     nodes: dict[str, list[DevicePublic]] = {}
     for d in cluster.devices:
         job_id = busy.get(d.id)
@@ -110,8 +117,12 @@ def cluster_public(
         if job is not None and d.id in job.device_steps and job.step_s:
             busy_s, _wait_s, peak = job.device_steps[d.id]
             busy_ratio, memory_bytes = min(1.0, busy_s / job.step_s), peak
-        status: Literal["idle", "busy", "unavailable"] = (
-            "busy" if job_id else ("idle" if handle.available else "unavailable")
+        status: Literal["idle", "busy", "unavailable", "lost"] = (
+            "lost"
+            if d.id in lost
+            else "busy"
+            if job_id
+            else ("idle" if handle.available else "unavailable")
         )
         nodes.setdefault(d.node, []).append(
             DevicePublic(

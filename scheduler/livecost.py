@@ -101,17 +101,21 @@ def missing_devices(plan: Plan, profile: Profile) -> list[str]:
     return [d.id for d in plan.active if d.id not in known]
 
 
-def _check(plan: Plan, profile: Profile) -> None:
+def _by_id(plan: Plan, profile: Profile) -> dict[str, DeviceProfile]:
+    """``profile``'s devices by id (one pass: plans span thousands of devices); the
+    plan's active devices must all be there."""
     missing = missing_devices(plan, profile)
     if missing:
         raise PlanError(
             f"plan: device(s) {', '.join(missing)} not in the profile; "
             "a plan that uses a lost device cannot run"
         )
+    return {d.id: d for d in profile.devices}
 
 
 def _chains(plan: Plan, profile: Profile) -> list[tuple[Chain, list[DevicePlan]]]:
     """Each pipeline of ``plan`` rebuilt with ``profile``'s device figures, stages in order."""
+    by_id = _by_id(plan, profile)
     pipelines: dict[int, list[DevicePlan]] = {}
     for entry in plan.active:
         if entry.layers is None or entry.stage is None or entry.pipeline is None:
@@ -122,7 +126,7 @@ def _chains(plan: Plan, profile: Profile) -> list[tuple[Chain, list[DevicePlan]]
         entries.sort(key=lambda e: e.stage if e.stage is not None else 0)
         stages = []
         for s, entry in enumerate(entries):
-            device = profile.device(entry.id)
+            device = by_id[entry.id]
             first, last = entry.layers if entry.layers is not None else (0, 0)
             flags = {"first": s == 0, "last": s == len(entries) - 1}
             stages.append(
@@ -156,9 +160,9 @@ def _dp_busy_s(device: DeviceProfile, entry: DevicePlan) -> float:
 
 def predicted_busy_s(plan: Plan, profile: Profile) -> dict[str, float]:
     """Compute time per step of each active device of ``plan`` under ``profile``."""
-    _check(plan, profile)
+    by_id = _by_id(plan, profile)
     if not plan.active or plan.active[0].layers is None:
-        return {d.id: _dp_busy_s(profile.device(d.id), d) for d in plan.active}
+        return {d.id: _dp_busy_s(by_id[d.id], d) for d in plan.active}
     busy: dict[str, float] = {}
     for chain, entries in _chains(plan, profile):
         head = entries[0]
@@ -179,12 +183,12 @@ def predict_step_s(plan: Plan, profile: Profile) -> float:
     Raises :class:`~scheduler.errors.PlanError` when the plan uses a device the
     profile lacks.
     """
-    _check(plan, profile)
+    by_id = _by_id(plan, profile)
     if not plan.active:
         return 0.0
     if plan.active[0].layers is None:
         busy = predicted_busy_s(plan, profile)
-        devices = [profile.device(d.id) for d in plan.active]
+        devices = [by_id[d.id] for d in plan.active]
         comm = ring_allreduce_s(
             len(devices),
             profile.gradient_bytes,

@@ -40,9 +40,10 @@ The detector, per device (settings in :class:`SpeedSettings`):
 Measured with the simulated driver of tests/scheduler/test_replan.py (the
 plan's prediction under the true speed × 1.08 × noise): a 3× slow-down is
 reported exactly once, ``window_steps − 1`` steps after the first slow step,
-and its restore once, back to exactly 1.0 (200 of 200 seeds, ±5 % and ±15 %
-uniform noise); no report in 100 steps on steady clusters (0 of 600 seeds
-with ±15 % uniform noise, 0 of 1,200 with Gaussian noise of 5 % and 8 %).
+and its restore once, back to exactly 1.0 (200 of 200 seeds with ±5 % and
+±15 % uniform noise, 197 of 200 with 8 % Gaussian noise); no report in 100
+steps on steady clusters (0 of 1,600 runs: two clusters, uniform ±5 % and
+±15 %, Gaussian 5 % and 8 %; tests/benchmarks/test_replan_detector.py).
 Under ±5 % noise a 1.3× change is reported in 4 steps every time; under
 ±15 % noise 2× always is, 1.5× in 4 of 5 seeds, smaller changes rarely: they
 do not stand out of such noise step by step.

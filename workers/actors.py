@@ -39,19 +39,29 @@ def device_resource(device_id: str) -> str:
     return f"{RESOURCE_PREFIX}{device_id}"
 
 
-def start_local_ray(cluster: Cluster, *, num_cpus: int = 2) -> None:
+def start_local_ray(cluster: Cluster, *, num_cpus: int = 2) -> bool:
     """``ray.init()`` a local Ray whose custom resources name every simulated device.
 
-    A no-op if this process already has Ray initialised (its actors then use
-    the resources it has, or this node).
+    Returns True when this call started Ray, False when this process already
+    had Ray initialised (its actors then use the resources it has, or this
+    node); only the caller that started it should stop it.
     """
     with _INIT_LOCK:
         if ray.is_initialized():
-            return
+            return False
         _init_local(cluster, num_cpus=num_cpus)
+        return True
 
 
 def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
+    """Start Ray with the fewest processes its ``ray.init`` allows.
+
+    Ray 2.x always starts, besides the raylet and the GCS, an autoscaler
+    monitor, a log monitor, an API server and each node's dashboard and
+    runtime-env agents; ``include_dashboard=False`` only leaves out the web
+    UI (the API server then runs with ``--disable-frontend``). Those
+    processes are this Ray's and end with it (api/local_ray.py stops them).
+    """
     resources = {device_resource(d.id): 1000.0 for d in cluster.devices}
     ray.init(
         num_cpus=num_cpus,

@@ -155,6 +155,8 @@ class SimulatedDevice(TorchDevice):
         self.id = device_id
         self.capacity_bytes = capacity_bytes
         self.pacing = pacing
+        self.slowdown = 1.0
+        """Injected slow-down (``simulation.faults`` kind ``slow``): targets stretch by it."""
         self.torch_device = torch.device("cpu")
         self.start_step()
 
@@ -175,7 +177,7 @@ class SimulatedDevice(TorchDevice):
             raise self._oom(micro_batch, need)
         self._in_flight += counter.bytes
         self._peak = max(self._peak, need)
-        self._pace(start, FORWARD_SHARE * self.pacing.target_s(micro_batch), None)
+        self._pace(start, FORWARD_SHARE * self._target_s(micro_batch), None)
         return out, counter.bytes
 
     def backward(
@@ -192,8 +194,11 @@ class SimulatedDevice(TorchDevice):
         self._in_flight -= saved_bytes
         if after is not None:
             after()
-        target = (1 - FORWARD_SHARE) * self.pacing.target_s(micro_batch)
+        target = (1 - FORWARD_SHARE) * self._target_s(micro_batch)
         self._pace(start, target, while_paced)
+
+    def _target_s(self, micro_batch: int) -> float:
+        return self.slowdown * self.pacing.target_s(micro_batch)
 
     def _pace(self, start: float, target_s: float, while_paced: Callable[[], bool] | None) -> None:
         """Sleep out the pass's target, less what earlier passes overran."""

@@ -21,12 +21,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scheduler.plan import Plan
+from scheduler.replan import ReplanDecision
 from workers.actors import gather
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.errors import WorkerError
+from workers.faults import FaultInjector
 from workers.pool import WorkerPool
 from workers.records import RankStep, StepMetrics, TrainResult, median_devices
-from workers.spec import RankSpec, RunSpec
+from workers.replanning import Replanner
+from workers.spec import RankSpec, RunSpec, reshare
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +86,7 @@ def run_steps(
     start_step: int = 0,
     on_step: Callable[[StepMetrics], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    before_step: Callable[[int], None] | None = None,
 ) -> tuple[list[StepMetrics], bool]:
     """Run steps ``start_step …`` in lockstep; returns the history and whether it was stopped."""
     history: list[StepMetrics] = []
@@ -90,6 +94,8 @@ def run_steps(
     for step in range(start_step, start_step + steps):
         if should_stop is not None and should_stop():
             return history, True
+        if before_step is not None:
+            before_step(step)
         begin = time.perf_counter()
         out: list[RankStep] = gather(
             [a.step.remote(step) for a in actors], ids, timeout_s=timeout, what=f"step {step}"
@@ -194,25 +200,44 @@ def run(
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     keep_state: bool = False,
+    faults: FaultInjector | None = None,
+    replanner: Replanner | None = None,
+    on_replan: Callable[[ReplanDecision], None] | None = None,
 ) -> TrainResult:
     """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring).
 
     ``restore``: a checkpoint (of any plan) every rank loads its slice from first.
     ``checkpointing``: write checkpoints as it says, and after the last step or a stop.
+    ``faults``: carry out a simulated cluster's fault schedule before each step.
+    ``replanner``: follow speed changes; a data-parallel switch happens in place
+    (:func:`workers.spec.reshare`), any other ends the run with a checkpoint
+    and ``next_plan`` set. Every decision that switches goes to ``on_replan``.
     """
     ids = [r.device_id for r in ranks]
+    begin = time.monotonic()
     actors = pool.acquire(ids)
     done = False
     saved: list[int] = []
     last_save = [time.monotonic()]
+    cost_s = {"setup": 0.0, "checkpoint": 0.0}
+    current = {"plan": plan, "ranks": list(ranks)}
+    next_plan: list[Plan] = []
 
     def checkpoint(step: int) -> None:
         assert checkpointing is not None
+        start = time.monotonic()
         info = save_checkpoint(
-            actors, ids, ranks=ranks, run_spec=run_spec, plan=plan, policy=checkpointing, step=step
+            actors,
+            ids,
+            ranks=current["ranks"],
+            run_spec=run_spec,
+            plan=current["plan"],
+            policy=checkpointing,
+            step=step,
         )
         saved.append(step)
         last_save[0] = time.monotonic()
+        cost_s["checkpoint"] = last_save[0] - start
         if on_checkpoint is not None:
             on_checkpoint(info)
 
@@ -223,8 +248,35 @@ def run(
             metrics.step, time.monotonic() - last_save[0]
         ):
             checkpoint(metrics.step)
+        if replanner is not None:
+            follow_speed(metrics)
+
+    def follow_speed(metrics: StepMetrics) -> None:
+        assert replanner is not None
+        restart_s = cost_s["setup"] + cost_s["checkpoint"] if checkpointing else math.inf
+        decision = replanner.observe(metrics, current["plan"], switch_cost_s=restart_s)
+        if decision is None or not decision.switch:
+            return
+        if on_replan is not None:
+            on_replan(decision)
+        if decision.in_place:
+            new_ranks = reshare(current["ranks"], decision.new_plan)
+            gather(
+                [a.reshard.remote(r) for a, r in zip(actors, new_ranks, strict=True)],
+                ids,
+                timeout_s=SETUP_TIMEOUT_S,
+                what="re-plan",
+            )
+            current["plan"], current["ranks"] = decision.new_plan, new_ranks
+        else:
+            next_plan.append(decision.new_plan)
+
+    def stop_now() -> bool:
+        return bool(next_plan) or (should_stop is not None and should_stop())
 
     try:
+        if faults is not None:
+            faults.start_run()
         form_group(actors, ids, run_spec, ranks)
         if restore is not None:
             gather(
@@ -233,6 +285,7 @@ def run(
                 timeout_s=SETUP_TIMEOUT_S,
                 what=f"restore of step {restore.step}",
             )
+        cost_s["setup"] = time.monotonic() - begin
         history, stopped = run_steps(
             actors,
             ids,
@@ -240,8 +293,10 @@ def run(
             steps=steps,
             start_step=start_step,
             on_step=after_step,
-            should_stop=should_stop,
+            should_stop=stop_now,
+            before_step=(lambda step: faults.before_step(step, actors, ids)) if faults else None,
         )
+        stopped = stopped and not next_plan
         if checkpointing is not None and history and history[-1].step not in saved:
             checkpoint(history[-1].step)  # at the end, or where a stop ended the run
         state = None
@@ -265,4 +320,5 @@ def run(
         devices=median_devices(history),
         stopped=stopped,
         state=state,
+        next_plan=next_plan[0] if next_plan else None,
     )

@@ -22,6 +22,7 @@ backward is done and overlaps the rest of the device's time.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -128,6 +129,25 @@ class Engine(ABC):
         )
         return x.to(self.device.torch_device), y.to(self.device.torch_device)
 
+    def update(self, step: int) -> None:
+        """The optimizer step once the gradients are summed: the schedule's learning
+        rate, clipping by the global norm (:meth:`grad_sq_norm`), then AdamW."""
+        opt = self.run.optimizer
+        for group in self.optimizer.param_groups:
+            group["lr"] = opt.lr_at(step)
+        if opt.grad_clip is not None:
+            norm = math.sqrt(self.grad_sq_norm())
+            if norm > opt.grad_clip:
+                factor = opt.grad_clip / (norm + 1e-6)
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+        self.optimizer.step()
+
+    @abstractmethod
+    def grad_sq_norm(self) -> float:
+        """The squared norm of the whole model's summed gradient (the same on every rank)."""
+
     @abstractmethod
     def step(self, step: int) -> RankStep:
         """Run global step ``step`` in lockstep with the other ranks."""
@@ -139,6 +159,16 @@ class Engine(ABC):
                 id=self.rank.device_id, busy_s=busy_s, wait_s=wait_s, peak_bytes=peak_bytes
             ),
         )
+
+    def reshard(self, rank: RankSpec) -> None:
+        """Take another share of the global batch; the model and optimizer stay."""
+        if rank.stage is not None or self.rank.stage is not None:
+            raise RuntimeError("pipeline stages change through a checkpoint, not in place")
+        self.rank = rank
+        self.sizes = micro_batch_sizes(rank.samples, rank.accum_steps)
+        set_recompute(self.model, rank.recompute)
+        if rank.pacing is not None and hasattr(self.device, "pacing"):
+            self.device.pacing = rank.pacing
 
     def save_part(self, uri: str, part: str) -> list[str]:
         """Write this rank's model and optimizer slice into checkpoint ``uri``."""
@@ -167,6 +197,10 @@ class DataParallelEngine(Engine):
             p.grad = self.flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
+    def grad_sq_norm(self) -> float:
+        # Every rank holds the whole summed gradient; the last slot is the loss.
+        return float(self.flat[:-1].double().pow(2).sum())
+
     def step(self, step: int) -> RankStep:
         model, device = self.model, self.device
         model.train()
@@ -185,7 +219,7 @@ class DataParallelEngine(Engine):
             if not work[0].is_completed():
                 return False
             work[0].wait()
-            self.optimizer.step()
+            self.update(step)
             updated.append(True)
             return True
 
@@ -208,6 +242,8 @@ class DataParallelEngine(Engine):
                 after=start_all_reduce if last else None,
                 while_paced=update_when_reduced if last else None,
             )
+        if not work:  # no samples in this plan: add zeros, keep the group in lockstep
+            start_all_reduce()
         usage = device.finish_step()
         wait_start = time.perf_counter()
         if not updated:  # a real GPU, or a device whose peers were still computing
@@ -218,7 +254,7 @@ class DataParallelEngine(Engine):
         device.synchronize()
         wait_s = time.perf_counter() - wait_start
         if not updated:
-            self.optimizer.step()
+            self.update(step)
         self.step_done = step
         return self.record(
             loss=float(self.flat[-1].item()),

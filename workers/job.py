@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.plan import Plan
+from scheduler.replan import ReplanDecision
 from workers import driver
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.driver import Checkpointing
 from workers.errors import WorkerError
+from workers.faults import FaultInjector
 from workers.pool import WorkerPool
 from workers.records import StepMetrics, TrainResult, median_devices
+from workers.replanning import Replanner
 from workers.spec import RankSpec, RunSpec
 
 RECURRING = ("out of memory", "diverged", "checkpoint:", "dataset:", "plan:")
@@ -92,12 +95,17 @@ def train_job(
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     on_recovery: Callable[[Recovery], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    faults: FaultInjector | None = None,
+    replanner: Replanner | None = None,
+    on_replan: Callable[[ReplanDecision], None] | None = None,
 ) -> TrainResult:
     """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
 
     ``ranks_of(plan)`` builds a plan's rank specs; ``replan(lost)`` plans the
     same global batch without the ``lost`` devices (it raises when nothing is
-    left). Returns the result over every step, one record per step.
+    left). ``faults`` and ``replanner`` go to every run (:func:`workers.driver.run`);
+    a re-plan that needs a restart goes on from the checkpoint written where it
+    was decided. Returns the result over every step, one record per step.
     """
     by_step: dict[int, StepMetrics] = {}
     last_step = -1  # the last step done by the current attempt
@@ -133,9 +141,15 @@ def train_job(
                 on_step=seen,
                 on_checkpoint=on_checkpoint,
                 should_stop=should_stop,
+                faults=faults,
+                replanner=replanner,
+                on_replan=on_replan,
             )
             stopped = result.stopped
-            break
+            if result.next_plan is None:
+                break
+            plan = result.next_plan  # a re-plan through the checkpoint just written
+            restore = CheckpointStore(checkpointing.root).latest()
         except WorkerError as exc:
             noticed, noticed_s = time.monotonic(), time.time()
             failed_step = last_step + 1

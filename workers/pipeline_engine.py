@@ -52,6 +52,8 @@ class PipelineEngine(Engine):
         self.role = rank.stage
         named = dict(self.model.named_parameters())
         self.mine: list[tuple[Any, list[torch.nn.Parameter]]] = []
+        # A piece held by several ranks counts once in the global gradient norm: its lowest rank's.
+        self.counted = list(named.values())
         for ranks, pieces in self.role.groups:  # every rank creates every group, in one order
             group = new_group(list(ranks))
             if rank.rank in ranks:
@@ -61,6 +63,9 @@ class PipelineEngine(Engine):
                     if piece_of_param(n) in pieces
                 ]
                 self.mine.append((group, params))
+                if rank.rank != min(ranks):
+                    shared = {id(p) for p in params}
+                    self.counted = [p for p in self.counted if id(p) not in shared]
         # The loss gets its own group: collectives never share one with the p2p traffic.
         self.loss_group = new_group(list(range(rank.world_size)))
         self.paced = isinstance(device, SimulatedDevice)
@@ -183,7 +188,7 @@ class PipelineEngine(Engine):
             syncing.extend(self._start_sync(loss_part[0]))
         usage = device.finish_step()
         loss = self._finish_sync(syncing)
-        self.optimizer.step()
+        self.update(step)
         device.synchronize()
         self.step_done = step
         wall = time.perf_counter() - begin
@@ -193,6 +198,13 @@ class PipelineEngine(Engine):
             wait_s=max(wall - usage.busy_s, 0.0),
             peak_bytes=usage.peak_bytes,
         )
+
+    def grad_sq_norm(self) -> float:
+        """Each rank's share of the squared norm, summed over the whole group."""
+        local = sum(float(p.grad.double().pow(2).sum()) for p in self.counted if p.grad is not None)
+        total = torch.tensor([local], dtype=torch.float64, device=self.device.torch_device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.loss_group)
+        return float(total.item())
 
     def _recv(self, i: int, src: int) -> torch.Tensor:
         inp = self._activation(i)

@@ -84,6 +84,24 @@ class WorkerPool:
         if lost:
             self.discard(device_ids)
 
+    def crash(self, device_id: str) -> None:
+        """Kill the device's worker process now, as a crash would (fault injection)."""
+        with self._lock:
+            actor = self._actors.get(device_id)
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+
+    def set_slowdown(self, device_id: str, factor: float) -> None:
+        """Make a simulated device ``factor`` times slower (1.0: its own speed again)."""
+        actor = self.acquire([device_id])[0]
+        gather(
+            [actor.set_slowdown.remote(factor)],
+            [device_id],
+            timeout_s=PING_TIMEOUT_S,
+            what="slow-down",
+        )
+
     def discard(self, device_ids: Sequence[str]) -> None:
         """Kill these actors (after a failed run); the next acquire starts new ones."""
         with self._lock:

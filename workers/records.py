@@ -5,6 +5,7 @@ Re-exported by :mod:`workers.session`, the one entry point callers use.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -12,12 +13,25 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimizerConfig:
-    """AdamW (Loshchilov & Hutter, 2019) settings."""
+    """AdamW (Loshchilov & Hutter, 2019) with warm-up, cosine decay and clipping.
+
+    The learning rate rises linearly over ``warmup_steps`` and then follows a
+    half cosine from ``lr`` down to ``min_lr_ratio × lr`` at ``decay_steps``
+    (Loshchilov & Hutter, SGDR, 2017; the GPT-3 recipe); ``decay_steps`` of 0
+    keeps it constant after the warm-up. ``grad_clip`` caps the global
+    gradient norm (Pascanu et al., 2013), summed over every device and stage,
+    so clipping is the same whatever the split.
+    """
 
     lr: float = 3e-3
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = None
+    """Largest global gradient norm; None: no clipping."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -28,6 +42,28 @@ class OptimizerConfig:
             value = getattr(self, name)
             if not 0 <= value < 1:
                 raise ValueError(f"optimizer.{name}: must be in [0, 1), got {value}")
+        for name in ("warmup_steps", "decay_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"optimizer.{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optimizer.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"optimizer.grad_clip: must be > 0 or null, got {self.grad_clip}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step ``step`` (0-based).
+
+        >>> c = OptimizerConfig(lr=1.0, warmup_steps=2, decay_steps=4, min_lr_ratio=0.0)
+        >>> [round(c.lr_at(t), 3) for t in range(6)]
+        [0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
+        """
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.decay_steps <= self.warmup_steps:
+            return self.lr
+        progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
+        floor = self.min_lr_ratio * self.lr
+        return floor + (self.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +108,9 @@ class TrainResult:
     state: dict[str, Any] | None = None
     """Rank 0's model and optimizer state after the last step, when asked for
     (``train(..., keep_state=True)``): a checkpoint to resume or verify from."""
+    next_plan: Any = None
+    """A re-plan that needs a restart ended the run here: the plan to go on with
+    (a :class:`scheduler.plan.Plan`), from the checkpoint written at the last step."""
 
 
 def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:

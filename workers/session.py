@@ -30,28 +30,34 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from scheduler.catalogue import lookup
 from scheduler.cluster import Cluster, Device, Links
+from scheduler.faults import FaultSchedule
 from scheduler.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
 from scheduler.models import ModelPreset
 from scheduler.plan import Plan
 from scheduler.profile import Profile
+from scheduler.replan import ReplanDecision
 from workers import driver
 from workers.actors import start_local_ray
 from workers.calibration import default_cache_dir
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.driver import Checkpointing
 from workers.errors import WorkerError
+from workers.faults import FaultInjector
 from workers.job import Recovery, train_job
 from workers.model import check_trainable
 from workers.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.pool import WorkerPool
 from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
+from workers.replanning import LiveReplanning, Replanner
 from workers.spec import RankSpec, RunSpec, make_ranks
 
 __all__ = [
     "CheckpointInfo",
     "CheckpointStore",
     "Checkpointing",
+    "FaultSchedule",
+    "LiveReplanning",
     "Recovery",
     "DeviceStep",
     "OptimizerConfig",
@@ -181,6 +187,9 @@ def train(
     replan: Callable[[set[str]], Plan] | None = None,
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     on_recovery: Callable[[Recovery], None] | None = None,
+    faults: FaultSchedule | None = None,
+    live: LiveReplanning | None = None,
+    on_replan: Callable[[ReplanDecision], None] | None = None,
 ) -> TrainResult:
     """Train ``plan`` up to ``steps`` steps and return the losses and timings.
 
@@ -200,6 +209,9 @@ def train(
     checkpoints, and with ``max_failures > 0`` a failed device is recovered
     from the last checkpoint on the plan ``replan(lost devices)`` returns (by
     default the same plan: a crashed worker is replaced, a lost device is not).
+    ``faults`` injects a simulated cluster's faults (:mod:`workers.faults`);
+    ``live`` follows speed changes (:mod:`workers.replanning`), in place for
+    data parallelism and, with ``checkpointing``, through a checkpoint otherwise.
     """
     check_trainable(model)
     if steps < 0:
@@ -227,6 +239,8 @@ def train(
 
     own_pool = pool is None
     pool = pool or WorkerPool(cluster, simulated=simulated)
+    injector = FaultInjector(faults, pool) if faults else None
+    replanner = Replanner(live) if live is not None else None
     try:
         if checkpointing is None:
             start = restore.step + 1 if restore is not None else 0
@@ -241,6 +255,9 @@ def train(
                 on_step=on_step,
                 should_stop=should_stop,
                 keep_state=keep_state,
+                faults=injector,
+                replanner=replanner,
+                on_replan=on_replan,
             )
         return train_job(
             pool,
@@ -256,6 +273,9 @@ def train(
             on_checkpoint=on_checkpoint,
             on_recovery=on_recovery,
             should_stop=should_stop,
+            faults=injector,
+            replanner=replanner,
+            on_replan=on_replan,
         )
     finally:
         if own_pool:

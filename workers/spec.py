@@ -96,6 +96,32 @@ class RankSpec:
     ``full``: :func:`workers.engine.set_recompute`)."""
 
 
+def reshare(ranks: list[RankSpec], plan: Plan) -> list[RankSpec]:
+    """The same data-parallel group with ``plan``'s shares (an in-place re-plan).
+
+    A device the new plan gives no samples stays in the group and all-reduces
+    zeros, so the group never changes between two steps.
+    """
+    entries = {d.id: d for d in plan.devices}
+    out = []
+    for rank in ranks:
+        d = entries.get(rank.device_id)
+        if d is None or d.samples == 0:
+            out.append(replace(rank, offset=0, samples=0, micro_batch=0, accum_steps=0))
+        else:
+            out.append(
+                replace(
+                    rank,
+                    offset=d.offset,
+                    samples=d.samples,
+                    micro_batch=d.micro_batch,
+                    accum_steps=d.accum_steps,
+                    recompute=d.recompute,
+                )
+            )
+    return out
+
+
 def needs_pipeline(plan: Plan) -> bool:
     return plan.strategy not in DP_STRATEGIES or any(d.layers is not None for d in plan.devices)
 

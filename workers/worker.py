@@ -62,6 +62,8 @@ class DeviceWorker:
         self.device_id = device_id
         self.simulated = simulated
         self.engine: Engine | None = None
+        self.slowdown = 1.0
+        """An injected slow-down of this simulated device, kept across runs until changed."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -91,6 +93,7 @@ class DeviceWorker:
         )
         engine_cls = DataParallelEngine if rank.stage is None else PipelineEngine
         self.engine = engine_cls(run, rank, device)
+        self.set_slowdown(self.slowdown)
 
     def step(self, step: int) -> RankStep:
         engine = self._engine()
@@ -107,6 +110,16 @@ class DeviceWorker:
                 max(need, device.capacity_bytes + 1),
                 device.capacity_bytes,
             ) from exc
+
+    def reshard(self, rank: RankSpec) -> None:
+        """Take another share of the batch between two steps (an in-place re-plan)."""
+        self._engine().reshard(rank)
+
+    def set_slowdown(self, factor: float) -> None:
+        """A simulated device runs ``factor`` times slower from now on (fault injection)."""
+        self.slowdown = factor
+        if self.engine is not None and isinstance(self.engine.device, SimulatedDevice):
+            self.engine.device.slowdown = factor
 
     def save_checkpoint(self, uri: str, part: str) -> tuple[list[str], int]:
         """Write this rank's part of a checkpoint; the names it holds and AdamW's step count."""

@@ -99,7 +99,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
-    """Columns padded to their widest cell; indices in ``right`` align right."""
+    """Columns padded to their widest cell; indices in ``right`` align right.
+
+    Plain text on purpose, not ``rich``: the same bytes on a terminal, in a
+    pipe and in CI logs (rich wraps or truncates to the terminal width and
+    adds colour codes), ``--json`` serves scripts, and a 12-line function
+    does not justify a dependency for every control-plane install.
+    """
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:

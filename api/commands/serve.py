@@ -12,6 +12,7 @@ Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import socket
 from pathlib import Path
@@ -37,6 +38,12 @@ def add_parser(subparsers: Any) -> None:
         "--data-dir", type=Path, help="database, profile cache and datasets (default ./.hetsched)"
     )
     parser.add_argument("--num-cpus", type=int, help="CPUs for the embedded local Ray")
+    parser.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow a non-loopback --host without HETSCHED_API_TOKEN "
+        "(anyone who can reach it may submit, stop and delete jobs)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -75,12 +82,33 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def is_loopback(host: str) -> bool:
+    """``localhost`` and 127.0.0.0/8 or ::1 addresses; any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to anything
+
+
+def check_exposure(host: str, *, token: str | None, insecure_no_token: bool) -> None:
+    """Refuse to open the mutating API to the network without a token, unless told to."""
+    if token is None and not insecure_no_token and not is_loopback(host):
+        raise HetschedError(
+            f"--host: {host} is reachable from the network but HETSCHED_API_TOKEN is not "
+            "set, so anyone could submit, stop and delete jobs; set the token or pass "
+            "--insecure-no-token"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
 
     settings = settings_from_args(args)
+    check_exposure(settings.host, token=settings.token, insecure_no_token=args.insecure_no_token)
     if not settings.ray_address:
         load_cluster(settings.cluster_file)  # a bad spec is a one-line error, not a dead service
     _check_port_free(settings.host, settings.port)

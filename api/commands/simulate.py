@@ -22,7 +22,9 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from api.commands.plan import format_table
 from api.services import check_simulated_fit
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
+from scheduler.faults import parse_fault
 from scheduler.hf_config import resolve_model
 from scheduler.models import PRESETS, ModelPreset
 from scheduler.plan import DP_STRATEGIES
@@ -39,6 +42,8 @@ from scheduler.profile import Profile
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
 DEFAULT_STRATEGIES = "auto,even"
 BAR_WIDTH = 24
+CHECKPOINT_EVERY = 5
+"""Steps between the checkpoints a simulated run recovers and re-plans from."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -90,6 +95,19 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         metavar="DIR",
         help="profile and calibration cache (default ~/.cache/hetsched)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, repeatable: DEVICE@STEP:KIND with KIND crash, lost, "
+        "slow=FACTOR or restore (e.g. node-a/0@10:slow=3); adds to the spec's simulation.faults",
+    )
+    parser.add_argument(
+        "--no-replan",
+        action="store_true",
+        help="keep each run's first plan when a device's speed changes",
     )
     parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
@@ -163,11 +181,25 @@ def simulate(
     cache_dir: Path | None,
     refresh: bool,
     progress: Progress,
+    replan: bool = True,
 ) -> dict[str, Any]:
-    """Profile, plan and train each strategy; the JSON document of the command."""
+    """Profile, plan and train each strategy; the JSON document of the command.
+
+    The cluster's ``simulation.faults`` are injected into every run; each run
+    checkpoints into a temporary directory, so it survives crashes and lost
+    devices and, with ``replan``, follows speed changes (:mod:`workers.job`).
+    """
+    from scheduler.faults import FaultSchedule
     from scheduler.planner import make_plan
     from workers.calibration import default_cache_dir
-    from workers.session import WorkerPool, profile_cluster, start_local_ray, train
+    from workers.session import (
+        Checkpointing,
+        LiveReplanning,
+        WorkerPool,
+        profile_cluster,
+        start_local_ray,
+        train,
+    )
 
     cache_dir = cache_dir or default_cache_dir()
     progress.say(
@@ -198,16 +230,34 @@ def simulate(
                 progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
 
             progress.step(strategy, 0, steps, "starting actors")
-            result = train(
-                cluster=cluster,
-                model=preset,
-                plan=plan,
-                steps=steps,
-                seed=seed,
-                on_step=on_step,
-                cache_dir=cache_dir,
-                pool=pool,
-            )
+            replans: list[dict[str, Any]] = []
+            recoveries: list[dict[str, Any]] = []
+            lost = set(pool.lost())
+            with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
+                result = train(
+                    cluster=cluster,
+                    model=preset,
+                    plan=plan,
+                    steps=steps,
+                    seed=seed,
+                    on_step=on_step,
+                    cache_dir=cache_dir,
+                    pool=pool,
+                    checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
+                    max_failures=len(cluster.simulation.faults),
+                    replan=lambda gone, s=strategy: make_plan(
+                        profile.subset([d.id for d in profile.devices if d.id not in gone]),
+                        global_batch,
+                        s,
+                    ),
+                    faults=FaultSchedule(cluster.simulation.faults),
+                    live=LiveReplanning(profile=profile, strategy=strategy, total_steps=steps)
+                    if replan
+                    else None,
+                    on_replan=lambda d, out=replans: out.append(d.to_dict()),
+                    on_recovery=lambda r, out=recoveries: out.append(r.to_dict()),
+                )
+            pool.mark_lost(sorted(pool.lost() - lost), lost=False)  # the next run starts whole
             after_first = result.step_times_s[1:] or result.step_times_s
             measured = statistics.median(after_first)
             runs.append(
@@ -218,6 +268,9 @@ def simulate(
                     "measured_step_s": measured,
                     "measured_samples_per_s": global_batch / measured,
                     "losses": result.losses,
+                    "step_times_s": result.step_times_s,
+                    "replans": replans,
+                    "recoveries": recoveries,
                     "devices": [
                         {
                             "id": d.id,
@@ -254,6 +307,12 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     strategies = parse_strategies(args.strategies)
     cluster = load_cluster(args.cluster)
+    extra = [parse_fault(text, cluster.ids) for text in args.fault]
+    if extra:
+        cluster = replace(
+            cluster,
+            simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
+        )
     preset = resolve_model(args.model)
     from workers.model import check_trainable
 
@@ -272,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             refresh=args.refresh,
             progress=progress,
+            replan=not args.no_replan,
         )
     if args.json:
         print(json.dumps(doc))

@@ -5,7 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from api.deps import Auth, StateDep
-from api.schemas import ClusterPublic, ErrorPublic, ProfileCreate, ProfilePublic
+from api.schemas import (
+    ClusterPublic,
+    DeviceFailure,
+    DeviceSlowdown,
+    ErrorPublic,
+    Message,
+    ProfileCreate,
+    ProfilePublic,
+)
 from api.services import check_devices, model_from_ref
 from api.views import cluster_public, profile_public
 
@@ -44,3 +52,71 @@ def profile_cluster(spec: ProfileCreate, state: StateDep) -> ProfilePublic:
         )
     _profile, record = state.profiler.measure_record(model, device_ids, refresh=spec.refresh)
     return profile_public(record)
+
+
+# --- fault injection on a simulated cluster ----------------------------------------
+
+FAULT_ERRORS = {
+    401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+    404: {"model": ErrorPublic, "description": "No such device"},
+    409: {"model": ErrorPublic, "description": "Not a simulated cluster, or unavailable"},
+}
+
+
+def _simulated_device(state: StateDep, device_id: str) -> None:
+    handle = state.handle
+    if handle.cluster is None or not handle.available or handle.pool is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"cluster: unavailable ({handle.message})")
+    if not handle.simulated:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, "cluster: faults are injected on simulated clusters only"
+        )
+    if device_id not in handle.cluster.ids:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"device: unknown id {device_id!r}; known: {', '.join(handle.cluster.ids)}",
+        )
+
+
+@router.post(
+    "/devices/{device_id:path}/fail",
+    response_model=Message,
+    dependencies=[Auth],
+    responses=FAULT_ERRORS,
+)
+def fail_device(device_id: str, fault: DeviceFailure, state: StateDep) -> Message:
+    """Crash the device's worker process (``crash``: it is restarted) or lose the device
+    (``lost``: gone until restored). A job on it recovers from its last checkpoint."""
+    _simulated_device(state, device_id)
+    if fault.kind == "lost":
+        state.handle.pool.mark_lost([device_id])
+        return Message(message=f"{device_id} lost until POST .../restore")
+    state.handle.pool.crash(device_id)
+    return Message(message=f"{device_id}: worker process killed")
+
+
+@router.post(
+    "/devices/{device_id:path}/slowdown",
+    response_model=Message,
+    dependencies=[Auth],
+    responses=FAULT_ERRORS,
+)
+def slow_device(device_id: str, slowdown: DeviceSlowdown, state: StateDep) -> Message:
+    """Make a simulated device ``factor`` times slower; a job on it re-plans when it pays."""
+    _simulated_device(state, device_id)
+    state.handle.pool.set_slowdown(device_id, slowdown.factor)
+    return Message(message=f"{device_id} now {slowdown.factor:g}× its own time")
+
+
+@router.post(
+    "/devices/{device_id:path}/restore",
+    response_model=Message,
+    dependencies=[Auth],
+    responses=FAULT_ERRORS,
+)
+def restore_device(device_id: str, state: StateDep) -> Message:
+    """Bring a lost device back and end its slow-down."""
+    _simulated_device(state, device_id)
+    state.handle.pool.mark_lost([device_id], lost=False)
+    state.handle.pool.set_slowdown(device_id, 1.0)
+    return Message(message=f"{device_id} restored")

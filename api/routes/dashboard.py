@@ -18,12 +18,15 @@ hidden from the OpenAPI schema.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
+
+from api.states import TERMINAL_STATES, JobState
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 INDEX_HTML = STATIC_DIR / "index.html"
@@ -35,16 +38,28 @@ NO_CACHE = {"Cache-Control": "no-cache"}
 router = APIRouter(include_in_schema=False, tags=["dashboard"])
 
 
+def render_page() -> str:
+    """``index.html`` with the job states of api/states.py filled in: the page's scripts
+    read them from there (static/js/states.js) instead of keeping their own list."""
+    states = {"states": list(JobState), "terminal": sorted(TERMINAL_STATES)}
+    options = "".join(f"<option>{s}</option>" for s in JobState)
+    return (
+        INDEX_HTML.read_text()
+        .replace("{{job_states}}", json.dumps(states))
+        .replace("{{job_state_options}}", options)
+    )
+
+
 @router.get("/")
-def index() -> FileResponse:
+def index() -> HTMLResponse:
     """The dashboard's overview: cluster, submit form, jobs."""
-    return FileResponse(INDEX_HTML, media_type="text/html", headers=NO_CACHE)
+    return HTMLResponse(render_page(), headers=NO_CACHE)
 
 
 @router.get("/jobs/{job_id}")
-def job_page(job_id: str) -> FileResponse:
+def job_page(job_id: str) -> HTMLResponse:
     """A job's page; the script reads the id from the URL and asks the API for the job."""
-    return FileResponse(INDEX_HTML, media_type="text/html", headers=NO_CACHE)
+    return HTMLResponse(render_page(), headers=NO_CACHE)
 
 
 class _RevalidatedStaticFiles(StaticFiles):

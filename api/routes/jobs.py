@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from api.deps import Auth, JobDep, StateDep, StoreDep
 from api.schemas import (
+    CheckpointPublic,
+    CheckpointsPublic,
     DeviceStepPublic,
     ErrorPublic,
     JobCreate,
@@ -15,7 +17,6 @@ from api.schemas import (
     JobMetricsPublic,
     JobPublic,
     JobsPublic,
-    JobState,
     LogLine,
     Message,
     StepPublic,
@@ -25,8 +26,11 @@ from api.services import (
     check_simulated_fit,
     check_trainable,
     model_from_ref,
+    pack_checkpoint,
     resolve_dataset,
 )
+from api.settings import API_PREFIX
+from api.states import JobState
 from api.views import job_public
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -46,7 +50,10 @@ ERRORS = {
     responses={
         200: {"model": JobPublic, "description": "Known submission_id"},
         401: ERRORS[401],
-        409: {"model": ErrorPublic, "description": "The model fits no device"},
+        409: {
+            "model": ErrorPublic,
+            "description": "The model fits no device, or a device id or dataset the server lacks",
+        },
     },
 )
 def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
@@ -65,7 +72,7 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
     job, created = state.store.create_job(
         name=spec.name,
         model_name=model.name,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         submission_id=spec.submission_id,
     )
     if not created:
@@ -83,14 +90,54 @@ def list_jobs(
     state: JobState | None = None,
 ) -> JobsPublic:
     """Jobs, newest first; ``count`` is the number matching over all pages."""
-    jobs, count = store.list_jobs(state=state.value if state else None, limit=limit, offset=offset)
+    jobs, count = store.list_jobs(state=state, limit=limit, offset=offset)
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
-async def read_job(job: JobDep) -> JobPublic:
-    """The job (polled by dashboards, so served without a thread-pool hop)."""
-    return job_public(job)
+async def read_job(job: JobDep, store: StoreDep) -> JobPublic:
+    """The job and what changed its plan while it ran (polled by dashboards, so served
+    without a thread-pool hop)."""
+    return job_public(job, store.events(job.id))
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses={404: ERRORS[404]})
+def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
+    """The job's checkpoints kept, oldest first; each loads into any plan or cluster."""
+    data = [
+        CheckpointPublic(
+            step=c.step,
+            created_at=c.created_at,
+            url=f"{API_PREFIX}/jobs/{job.id}/checkpoints/{c.step}",
+        )
+        for c in store.checkpoints(job.id)
+    ]
+    return CheckpointsPublic(data=data, count=len(data))
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "The checkpoint, .tar.gz"},
+        404: ERRORS[404],
+    },
+)
+def download_checkpoint(
+    job: JobDep, store: StoreDep, step: Annotated[int, Path(ge=0, le=10**9)]
+) -> Response:
+    """One checkpoint as a .tar.gz: its safetensors parts and manifest.json."""
+    kept = {c.step: c for c in store.checkpoints(job.id)}
+    if step not in kept:
+        steps = ", ".join(str(s) for s in kept) or "none"
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"step: job {job.id} has no checkpoint {step}; kept: {steps}"
+        )
+    return Response(
+        content=pack_checkpoint(kept[step].uri, f"{job.id}-step-{step:08d}"),
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{job.id}-step-{step:08d}.tar.gz"'},
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=JobMetricsPublic, responses={404: ERRORS[404]})

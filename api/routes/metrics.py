@@ -1,120 +1,140 @@
-"""``/metrics``: Prometheus text exposition format 0.0.4, written by hand.
+"""``/metrics``: Prometheus exposition through ``prometheus_client``.
 
-Names follow Prometheus' conventions (base units, ``_seconds``, ``_bytes``,
-``_total`` for counters; https://prometheus.io/docs/practices/naming/).
-Running jobs' figures come from the executor's memory, so a scrape costs one
-small query (jobs by state) however many steps are stored.
+Each app has its own :class:`~prometheus_client.CollectorRegistry` (built in
+``create_app``, never a module-level global) holding the process collector
+and :class:`LiveCollector`, which reads the figures at scrape time: jobs by
+state (one small query), cluster availability, and each running job's and
+device's latest step from the executor's memory, so a scrape costs the same
+however many steps are stored. Names follow Prometheus' conventions (base
+units, ``_seconds``, ``_bytes``, ``_total`` for counters;
+https://prometheus.io/docs/practices/naming/) and are stable: dashboards and
+alerts use them.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from collections.abc import Callable, Iterator
 
-from api.deps import StateDep
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from api.deps import AppState
+from api.job_runner import LiveJob
 from scheduler.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+DEVICE_LABELS = ["device", "node", "type"]
 
 
-class _Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
+class LiveCollector(Collector):
+    """The service's figures, read from its state when Prometheus scrapes."""
 
-    def family(
-        self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            rendered = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            self.lines.append(
-                f"{name}{{{rendered}}} {value:.9g}" if rendered else f"{name} {value:.9g}"
+    def __init__(self, state: Callable[[], AppState | None]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        if state is None:  # not started yet (or already stopped)
+            return
+        jobs = GaugeMetricFamily("hetsched_jobs", "Jobs by state.", labels=["state"])
+        for job_state, count in sorted(state.store.count_by_state().items()):
+            jobs.add_metric([job_state], count)
+        yield jobs
+        yield GaugeMetricFamily(
+            "hetsched_cluster_available",
+            "1 when the Ray cluster is reachable.",
+            value=1.0 if state.handle.available else 0.0,
+        )
+        live = state.executor.live() if state.executor else []
+        yield from self._devices(state, live)
+        samples_per_s = GaugeMetricFamily(
+            "hetsched_job_samples_per_second",
+            "Throughput of each running job's latest step.",
+            labels=["job"],
+        )
+        step_s = GaugeMetricFamily(
+            "hetsched_job_step_seconds",
+            "Duration of each running job's latest step.",
+            labels=["job"],
+        )
+        steps = CounterMetricFamily(
+            "hetsched_job_steps", "Steps each running job has completed.", labels=["job"]
+        )
+        for job in live:
+            if job.samples_per_s:
+                samples_per_s.add_metric([job.job_id], job.samples_per_s)
+            if job.step_s:
+                step_s.add_metric([job.job_id], job.step_s)
+            steps.add_metric([job.job_id], job.steps_done)
+        yield from (samples_per_s, step_s, steps)
+        events = CounterMetricFamily(
+            "hetsched_job_events",
+            "What changed running jobs' plans, over all jobs: recoveries, re-plans, restarts.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(state.store.count_events().items()):
+            events.add_metric([kind], count)
+        yield events
+
+    @staticmethod
+    def _devices(state: AppState, live: list[LiveJob]) -> Iterator[Metric]:
+        cluster = state.handle.cluster
+        if cluster is None:
+            return
+        latest: dict[str, tuple[float, int]] = {}  # device -> (busy ratio, peak bytes)
+        for job in live:
+            for device_id, (busy_s, _wait_s, peak_bytes) in job.device_steps.items():
+                ratio = min(1.0, busy_s / job.step_s) if job.step_s else 0.0
+                latest[device_id] = (ratio, peak_bytes)
+        busy = GaugeMetricFamily(
+            "hetsched_device_busy_ratio",
+            "Share of the latest step the device spent computing (0 when idle).",
+            labels=DEVICE_LABELS,
+        )
+        memory = GaugeMetricFamily(
+            "hetsched_device_memory_bytes",
+            "Peak memory of the device in the latest step (0 when idle).",
+            labels=DEVICE_LABELS,
+        )
+        capacity = GaugeMetricFamily(
+            "hetsched_device_memory_capacity_bytes",
+            "Memory the device offers (scaled for simulated devices).",
+            labels=DEVICE_LABELS,
+        )
+        for d in cluster.devices:
+            labels = [d.id, d.node, d.type]
+            ratio, peak_bytes = latest.get(d.id, (0.0, 0))
+            busy.add_metric(labels, ratio)
+            memory.add_metric(labels, peak_bytes)
+            capacity.add_metric(
+                labels,
+                usable_capacity_bytes(
+                    d.memory_bytes,
+                    simulated=state.handle.simulated,
+                    memory_scale=cluster.simulation.memory_scale,
+                ),
             )
+        yield from (busy, memory, capacity)
 
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+
+def build_registry(state: Callable[[], AppState | None]) -> CollectorRegistry:
+    """A registry of this app's own: process figures and :class:`LiveCollector`."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(LiveCollector(state))
+    return registry
 
 
 @router.get(
-    "/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}}
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
-def metrics(state: StateDep) -> PlainTextResponse:
-    out = _Exposition()
-    counts = state.store.count_by_state()
-    out.family(
-        "hetsched_jobs",
-        "gauge",
-        "Jobs by state.",
-        [({"state": s}, float(n)) for s, n in sorted(counts.items())],
-    )
-    out.family(
-        "hetsched_cluster_available",
-        "gauge",
-        "1 when the Ray cluster is reachable.",
-        [({}, 1.0 if state.handle.available else 0.0)],
-    )
-    cluster = state.handle.cluster
-    live = state.executor.live() if state.executor else []
-    device_live: dict[str, tuple[str, float, int]] = {}
-    for job in live:
-        for device_id, (busy_s, _wait_s, peak) in job.device_steps.items():
-            ratio = min(1.0, busy_s / job.step_s) if job.step_s else 0.0
-            device_live[device_id] = (job.job_id, ratio, peak)
-    if cluster is not None:
-        labels = [{"device": d.id, "node": d.node, "type": d.type} for d in cluster.devices]
-        out.family(
-            "hetsched_device_busy_ratio",
-            "gauge",
-            "Share of the latest step the device spent computing (0 when idle).",
-            [(lab, device_live.get(lab["device"], ("", 0.0, 0))[1]) for lab in labels],
-        )
-        out.family(
-            "hetsched_device_memory_bytes",
-            "gauge",
-            "Peak memory of the device in the latest step (0 when idle).",
-            [(lab, float(device_live.get(lab["device"], ("", 0.0, 0))[2])) for lab in labels],
-        )
-        out.family(
-            "hetsched_device_memory_capacity_bytes",
-            "gauge",
-            "Memory the device offers (scaled for simulated devices).",
-            [
-                (
-                    lab,
-                    float(
-                        usable_capacity_bytes(
-                            d.memory_bytes,
-                            simulated=state.handle.simulated,
-                            memory_scale=cluster.simulation.memory_scale,
-                        )
-                    ),
-                )
-                for lab, d in zip(labels, cluster.devices, strict=True)
-            ],
-        )
-    out.family(
-        "hetsched_job_samples_per_second",
-        "gauge",
-        "Throughput of each running job's latest step.",
-        [({"job": j.job_id}, j.samples_per_s) for j in live if j.samples_per_s],
-    )
-    out.family(
-        "hetsched_job_step_seconds",
-        "gauge",
-        "Duration of each running job's latest step.",
-        [({"job": j.job_id}, j.step_s) for j in live if j.step_s],
-    )
-    out.family(
-        "hetsched_job_steps_total",
-        "counter",
-        "Steps each running job has completed.",
-        [({"job": j.job_id}, float(j.steps_done)) for j in live],
-    )
-    return PlainTextResponse(out.text(), media_type=CONTENT_TYPE)
+def metrics(request: Request) -> Response:
+    """The Prometheus text exposition format."""
+    registry: CollectorRegistry = request.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

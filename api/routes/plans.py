@@ -42,5 +42,5 @@ def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     return PlanPreview(
         model=model.name,
         profile_source=source,  # type: ignore[arg-type]
-        plan=plan_public(plan.to_dict()),
+        plan=plan_public(plan),
     )

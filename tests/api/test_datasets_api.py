@@ -70,7 +70,7 @@ def test_a_dataset_is_checked_against_the_model_and_the_global_batch(
     with pytest.raises(HetschedError, match="has 4,750 training tokens; one global batch of 128"):
         resolve_dataset(tmp_path, "corpus.bin", seq_len=64, vocab_size=1000, global_batch=128)
     assert resolve_dataset(tmp_path, "default", seq_len=64, global_batch=1000) is None
-    with pytest.raises(HetschedError, match="no dataset 'corpus.bin.json' in the server's data"):
+    with pytest.raises(HetschedError, match="no file 'corpus.bin.json' in the server's data"):
         resolve_dataset(tmp_path, "corpus.bin.json", seq_len=64)
 
 

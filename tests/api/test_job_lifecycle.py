@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import DEFAULT_CLUSTER, Settings
-from api.store import RESTART_MESSAGE
 from scheduler.cluster import load_cluster
 
 JOBS = "/api/v1/jobs"
@@ -116,13 +115,14 @@ def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> Non
         preview = client.post("/api/v1/plans", json={"global_batch": 16, "strategy": "dp"}).json()
         assert preview["profile_source"] == "measured"
         assert preview["plan"]["devices"] == plan["devices"]  # same profile, same split
-        assert 'hetsched_jobs{state="SUCCEEDED"} 1' in client.get("/metrics").text
+        assert 'hetsched_jobs{state="SUCCEEDED"} 1.0' in client.get("/metrics").text
         assert client.delete(f"{JOBS}/{job['id']}").status_code == 200
 
 
 def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
     """Two jobs on disjoint devices run at once; a whole-cluster job waits; stop ends one
-    mid-run; a restart keeps every record and fails the job that was still running."""
+    mid-run; a restart keeps every record and resumes the job that was still running from
+    its checkpoint."""
     with live() as client:
         a = client.post(
             JOBS,
@@ -152,7 +152,7 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
         refused = client.delete(f"{JOBS}/{a['id']}")
         assert refused.status_code == 409 and "RUNNING" in refused.json()["detail"]
         text = client.get("/metrics").text
-        assert 'hetsched_jobs{state="RUNNING"} 2' in text
+        assert 'hetsched_jobs{state="RUNNING"} 2.0' in text
         assert f'hetsched_job_step_seconds{{job="{a["id"]}"}}' in text
         holders = {
             d["id"]: d["job_id"]
@@ -171,16 +171,69 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
         assert client.get(f"{JOBS}/{c['id']}").json()["state"] == "PENDING"
         assert client.post(f"{JOBS}/{c['id']}/stop").json()["state"] == "STOPPED"
         b_steps = wait_for(client, b["id"], lambda j: j["steps_done"] >= 2)["steps_done"]
-    # The control plane goes away while b runs; a new one opens the same database.
+    # The control plane goes away while b runs (b checkpoints where it stops); a new one
+    # opens the same database and resumes b from that checkpoint.
     with live() as client:
         jobs = {j["name"]: j for j in client.get(JOBS).json()["data"]}
         assert {n: j["state"] for n, j in jobs.items()} == {
             "a": "STOPPED",
-            "b": "FAILED",
+            "b": "RUNNING",
             "c": "STOPPED",
         }
-        after = jobs["b"]
-        assert after["message"] == RESTART_MESSAGE
-        assert after["plan"] is not None and after["steps_done"] >= b_steps
-        assert client.get(f"{JOBS}/{b['id']}/metrics").json()["count"] == after["steps_done"]
+        resumed = wait_for(client, b["id"], lambda j: bool(j["events"]), 60)
+        (restart,) = resumed["events"]
+        assert restart["kind"] == "restart" and restart["step"] >= b_steps
+        more = wait_for(client, b["id"], lambda j: j["steps_done"] > restart["step"] + 1)
+        assert client.post(f"{JOBS}/{b['id']}/stop").status_code == 200
+        after = wait_for(client, b["id"], lambda j: j["state"] in TERMINAL, 60)
+        assert after["state"] == "STOPPED" and after["steps_done"] >= more["steps_done"]
+        steps = client.get(f"{JOBS}/{b['id']}/metrics").json()["data"]
+        assert [s["step"] for s in steps] == list(range(after["steps_done"])), "one row a step"
+        checkpoints = client.get(f"{JOBS}/{b['id']}/checkpoints").json()["data"]
+        assert checkpoints and checkpoints[-1]["step"] == after["steps_done"] - 1
+        download = client.get(checkpoints[-1]["url"])
+        assert download.status_code == 200 and download.content[:2] == b"\x1f\x8b"  # gzip
         assert client.get(f"{JOBS}/{a['id']}/metrics").json()["count"] == stopped["steps_done"]
+
+
+def test_a_crashed_and_a_lost_device_are_recovered_and_training_is_unchanged(
+    live: Callable[[], TestClient],
+) -> None:
+    """A job's worker is killed (crash) and later a device is lost, over the fault API: the
+    job re-plans without the lost device, restores its last checkpoint and finishes with the
+    loss curve of an undisturbed run, one metrics row per step."""
+    spec = {"global_batch": 8, "steps": 12, "strategy": "dp", "seed": 5, "checkpoint_every": 3}
+    with live() as client:
+        plain = client.post(JOBS, json={**spec, "name": "plain"}).json()
+        plain = wait_for(client, plain["id"], lambda j: j["state"] in TERMINAL)
+        want = [s["loss"] for s in client.get(f"{JOBS}/{plain['id']}/metrics").json()["data"]]
+
+        job = client.post(JOBS, json={**spec, "name": "hit", "max_failures": 2}).json()
+        wait_for(client, job["id"], lambda j: j["steps_done"] >= 4)
+        victim = next(
+            d["id"]
+            for d in client.get(f"{JOBS}/{job['id']}").json()["plan"]["devices"]
+            if d["samples"] > 0
+        )
+        crash = client.post(f"/api/v1/cluster/devices/{victim}/fail", json={"kind": "crash"})
+        assert crash.status_code == 200, crash.text
+        wait_for(client, job["id"], lambda j: len(j["events"]) >= 1)
+        lost = client.post(f"/api/v1/cluster/devices/{victim}/fail", json={"kind": "lost"})
+        assert lost.status_code == 200
+        status = {
+            d["id"]: d["status"]
+            for n in client.get("/api/v1/cluster").json()["nodes"]
+            for d in n["devices"]
+        }
+        assert status[victim] == "lost"
+        done = wait_for(client, job["id"], lambda j: j["state"] in TERMINAL)
+        client.post(f"/api/v1/cluster/devices/{victim}/restore")
+        assert done["state"] == "SUCCEEDED", done["message"]
+        kinds = [e["kind"] for e in done["events"]]
+        assert kinds == ["recovery", "recovery"], done["events"]
+        second = done["events"][1]["data"]
+        assert second["lost"] == [victim] and second["steps_redone"] >= 0
+        assert victim not in {d["id"] for d in done["plan"]["devices"] if d["samples"] > 0}
+        steps = client.get(f"{JOBS}/{job['id']}/metrics").json()["data"]
+        assert [s["step"] for s in steps] == list(range(12))
+        assert [s["loss"] for s in steps] == pytest.approx(want, rel=1e-4)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
+from api.commands.serve import check_exposure
 
 
 def test_bad_cluster_spec_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,3 +38,38 @@ def test_bad_port_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().err.strip() == (
         "hetsched: error: port: Input should be less than or equal to 65535"
     )
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "my-host.example"])
+def test_network_host_without_token_is_refused(
+    host: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HETSCHED_API_TOKEN", raising=False)
+    assert main(["serve", "--host", host, "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hetsched: error: --host: {host} is reachable from the network")
+    assert "--insecure-no-token" in err and err.count("\n") == 1
+    assert not (tmp_path / "hetsched.db").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_loopback_host_needs_no_token(host: str) -> None:
+    check_exposure(host, token=None, insecure_no_token=False)
+
+
+def test_token_or_explicit_flag_opens_the_network() -> None:
+    check_exposure("0.0.0.0", token="s3cret", insecure_no_token=False)
+    check_exposure("0.0.0.0", token=None, insecure_no_token=True)
+
+
+def test_insecure_flag_gets_past_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HETSCHED_API_TOKEN", raising=False)
+    with socket.socket() as busy:  # stop at the next check (port in use), before serving
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["serve", "--host", "0.0.0.0", "--port", str(port), "--insecure-no-token"]
+        assert main([*argv, "--data-dir", str(tmp_path)]) == 2
+    assert "cannot listen on 0.0.0.0" in capsys.readouterr().err

@@ -298,7 +298,8 @@ def test_control_plane_deployment_joins_the_raycluster_and_serves() -> None:
     )
     assert str(args.data_dir) == mounts[data_volume]
     token = next(e for e in container["env"] if e["name"] == "HETSCHED_API_TOKEN")
-    assert token["valueFrom"]["secretKeyRef"]["optional"] is True
+    # --host 0.0.0.0 without a token is refused, so the secret must not be optional.
+    assert token["valueFrom"]["secretKeyRef"].get("optional", False) is False
 
 
 def test_kustomization_lists_existing_files() -> None:
@@ -360,3 +361,20 @@ def test_kustomize_renders_the_manifests() -> None:
     assert rendered.returncode == 0, rendered.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d)
     assert kinds == ["Deployment", "PersistentVolumeClaim", "RayCluster", "Service"]
+
+
+def test_compose_services_on_the_network_require_the_api_token() -> None:
+    """``hetsched serve --host 0.0.0.0`` refuses to start without a token, so compose must
+    demand one (``${VAR:?message}``) instead of passing an empty default."""
+    (compose,) = load_all(COMPOSE)
+    serving = 0
+    for name, service in compose["services"].items():
+        for argv in command_lines(service["command"]):
+            if argv[0] != "hetsched":
+                continue
+            args = check_hetsched(argv)
+            if args.host == "0.0.0.0" and not args.insecure_no_token:
+                serving += 1
+                token = service["environment"]["HETSCHED_API_TOKEN"]
+                assert token.startswith("${HETSCHED_API_TOKEN:?"), (name, token)
+    assert serving == 2  # the control plane and the simulation

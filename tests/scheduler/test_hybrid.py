@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from scheduler.cluster import parse_cluster
@@ -89,13 +87,11 @@ def test_allocate_minimises_the_slowest_pipeline():
     assert max(c.compute_s(n) for c, n in zip(chains, counts, strict=True)) == best
 
 
-def test_512_device_hybrid_plans_quickly():
+def test_512_device_hybrid_plan_is_valid_and_beats_dp():
+    """How fast it plans is measured in tests/benchmarks/test_hybrid_speed.py."""
     profile = analytic_profile(parse_cluster(_cluster(64, 8)), get_preset("gpt2-xl"))
-    start = time.perf_counter()
     plan = make_plan(profile, 2048, "hybrid")
-    elapsed = time.perf_counter() - start
     _check_valid(plan, profile, 2048, 48)
-    assert elapsed < 5.0
     assert plan.predicted_step_s < make_plan(profile, 2048, "dp").predicted_step_s
 
 

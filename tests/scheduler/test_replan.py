@@ -439,18 +439,21 @@ def test_the_record_says_which_device_changed_by_how_much() -> None:
     assert record["new_plan"]["global_batch"] == GLOBAL_BATCH
 
 
-def test_a_pipeline_stage_slowed_3x_is_reported_once_and_replanned_through_a_checkpoint() -> None:
+@pytest.mark.parametrize("strategy", ["pp", "hybrid"])
+def test_a_pipeline_stage_slowed_3x_is_reported_once_and_replanned_through_a_checkpoint(
+    strategy: str,
+) -> None:
     profile = big_mixed()
-    plan = make_plan(profile, GLOBAL_BATCH, "pp")
+    plan = make_plan(profile, GLOBAL_BATCH, strategy)
     busiest = max(plan.active, key=lambda d: d.busy_s).id
-    run = drive(profile, [f"{busiest}@10:slow=3"], steps=60, strategy="pp", switch_cost_s=5.0)
+    run = drive(profile, [f"{busiest}@10:slow=3"], steps=60, strategy=strategy, switch_cost_s=5.0)
     assert [c.device for c in run.changes] == [busiest]
     assert run.changes[0].step <= 10 + SpeedSettings().window_steps
     decision = run.decisions[0]
     assert decision.switch and not decision.in_place
     assert decision.switch_cost_s == 5.0
     assert decision.gain_s > decision.switch_cost_s
-    assert run.plans[-1].strategy == "pp" and run.plans[-1].global_batch == GLOBAL_BATCH
+    assert run.plans[-1].strategy == strategy and run.plans[-1].global_batch == GLOBAL_BATCH
 
 
 def test_no_steps_left_means_no_switch_unless_a_device_is_lost() -> None:

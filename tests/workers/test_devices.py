@@ -75,20 +75,20 @@ def test_a_simulated_device_takes_at_least_its_paced_time() -> None:
 def test_a_pass_that_overran_is_paid_back_by_the_next_ones() -> None:
     """Forward a third, backward two thirds of the target; an overrun shortens what follows."""
     model = GPT(TINY, seed=0)
-    pacing = Pacing(margin=1.0, speed_ratio=1.0, host=HostCalibration(fixed_s=0.3, per_sample_s=0))
+    pacing = Pacing(margin=1.0, speed_ratio=1.0, host=HostCalibration(fixed_s=0.9, per_sample_s=0))
     device = SimulatedDevice(device_id="d", capacity_bytes=2**40, pacing=pacing)
     device.start_step()
 
     def slow_forward() -> torch.Tensor:
-        time.sleep(0.25)  # overruns the forward's 0.1 s target by 0.15 s
+        time.sleep(0.45)  # overruns the forward's 0.3 s target by 0.15 s
         return _forward(model, 1)()
 
     loss, saved = device.forward(slow_forward, model=model, micro_batch=1)
-    assert device._overrun_s == pytest.approx(0.15, abs=0.05)
+    assert device._overrun_s >= 0.15
     device.backward(loss.backward, micro_batch=1, saved_bytes=saved)
-    assert device._overrun_s == 0.0, "the backward slept less to pay the overrun back"
+    # The backward's 0.6 s target shrinks by the overrun; what is left is only how late the
+    # OS woke the sleeper (milliseconds), not the 0.15 s.
+    assert device._overrun_s < 0.05, "the backward slept less to pay the overrun back"
     usage = device.finish_step()
     assert usage.overran
-    # 0.25 s forward + the backward's 0.2 s target less the 0.15 s overrun: the step keeps 0.3 s
-    # unless the backward itself ran longer than 0.05 s.
-    assert usage.busy_s >= 0.3
+    assert usage.busy_s >= 0.9

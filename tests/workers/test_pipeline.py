@@ -54,11 +54,14 @@ def pipeline_plan(strategy: str, stages: list[DevicePlan]) -> Plan:
     )
 
 
-def single_device_losses() -> list[float]:
+def single_device_losses(config: OptimizerConfig = OPT) -> list[float]:
     """Full-batch training in this process: what every plan must reproduce."""
     model = GPT(TINY, seed=SEED)
     opt = torch.optim.AdamW(
-        model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), weight_decay=OPT.weight_decay
+        model.parameters(),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        weight_decay=config.weight_decay,
     )
     data = ByteDataset(None, seq_len=TINY.seq_len)
     losses = []
@@ -67,6 +70,10 @@ def single_device_losses() -> list[float]:
         opt.zero_grad()
         loss = lm_loss_sum(model(x), y) / (BATCH * TINY.seq_len)
         loss.backward()
+        for group in opt.param_groups:
+            group["lr"] = config.lr_at(step)
+        if config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         opt.step()
         losses.append(float(loss.detach()))
     return losses
@@ -117,6 +124,35 @@ def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir
         assert d.busy_s > 0 and d.peak_bytes > 0
 
 
+SCHEDULED = OptimizerConfig(lr=3e-3, warmup_steps=1, decay_steps=STEPS, grad_clip=0.3)
+DP_SPLIT = pipeline_plan(
+    "dp",
+    [
+        DevicePlan(id="a/0", samples=7, micro_batch=4, accum_steps=2, busy_s=0, peak_bytes=0),
+        DevicePlan(
+            id="a/2", samples=5, micro_batch=5, accum_steps=1, busy_s=0, peak_bytes=0, offset=7
+        ),
+    ],
+)
+
+
+@pytest.mark.parametrize("plan", [DP_SPLIT, HYBRID], ids=["dp", "hybrid"])
+def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan, cache_dir):
+    """The global norm is summed over every device and stage, so clipping is the same."""
+    want = single_device_losses(SCHEDULED)
+    assert want != pytest.approx(single_device_losses(), rel=1e-4), "the settings change training"
+    result = train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=STEPS,
+        seed=SEED,
+        optimizer=SCHEDULED,
+        cache_dir=cache_dir,
+    )
+    assert result.losses == pytest.approx(want, rel=1e-4)
+
+
 def test_broken_pipeline_is_a_one_line_error(cache_dir):
     gap = pipeline_plan(
         "pp",
@@ -130,15 +166,16 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir):
 
 
 def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
-    """The 40 GB device cannot hold gpt-tiny's states under this memory scale: dp leaves it
-    idle; the pipeline planner gives it a stage and the run stays within its memory."""
+    """The 40 GB device cannot hold gpt-tiny's states and activations under this memory
+    scale: dp without recomputation leaves it idle; the pipeline planner gives it a stage
+    and the run stays within its memory."""
     from scheduler.planner import make_plan
     from workers.session import profile_cluster
 
     cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
     profile = profile_cluster(cluster, TINY, cache_dir=cache_dir)
     assert all(d.layers is not None for d in profile.devices)
-    dp = make_plan(profile, 8, "dp")
+    dp = make_plan(profile.without_recompute(), 8, "dp")
     assert [e.id for e in dp.excluded] == ["a/1"]
     pp = make_plan(profile, 8, "pp")
     assert {d.id for d in pp.active} == {"a/0", "a/1"}

@@ -28,13 +28,14 @@ export function niceTicks(lo, hi, count = 5) {
 
 /**
  * Draw series of [x, y] points into `svg`, replacing what was there.
- * options: series [{name, color, points}], refs [{y, label, color}],
+ * options: series [{name, color, points}], refs [{y, label, color}], marks [{x, label}]
+ * (vertical markers: a recovery, a re-plan),
  * yFormat (tick text), yZero (start the axis at zero), xLabel (names x in tooltips;
  * the card around the chart says what the axes are), emptyText.
  * The svg gets data-points = number of points of the first series.
  */
 export function lineChart(svg, options) {
-  const { series = [], refs = [], yFormat = (v) => String(v), yZero = false } = options;
+  const { series = [], refs = [], marks = [], yFormat = (v) => String(v), yZero = false } = options;
   const width = Math.max(200, svg.clientWidth || 520);
   const height = Math.max(120, svg.clientHeight || 230);
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -81,6 +82,14 @@ export function lineChart(svg, options) {
       class: "ref-line", stroke: r.color }));
     svg.append(el("text", { x: width - m.right - 2, y: sy(r.y) - 4, "text-anchor": "end",
       class: "ref-text", fill: r.color }, r.label));
+  }
+
+  for (const k of marks) {
+    if (!isNum(k.x) || k.x < xLo || k.x > xHi) continue;
+    const line = el("line", { x1: sx(k.x), x2: sx(k.x), y1: m.top, y2: height - m.bottom, class: "mark-line" });
+    line.append(el("title", {}, k.title || k.label));
+    svg.append(line);
+    svg.append(el("text", { x: sx(k.x) + 3, y: m.top + 10, class: "mark-text" }, k.label));
   }
 
   for (const s of series) {

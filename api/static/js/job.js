@@ -9,9 +9,9 @@ import {
 } from "./format.js";
 import { refreshCluster, state as overview, strategyText } from "./overview.js";
 import { planSummary, renderPlan } from "./plan.js";
+import { TERMINAL } from "./states.js";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
 const POLL_MS = 1000;
 const STRATEGY_NAMES = {
   dp: "Optimal split", even: "Even split", proportional: "Proportional split",
@@ -127,10 +127,43 @@ function renderDeviceTimes(job, steps) {
   }));
 }
 
+const EVENT_LABEL = { recovery: "recovered", replan: "re-planned", restart: "restarted" };
+
+/** What an event says in one line. */
+function eventText(e) {
+  const d = e.data || {};
+  if (e.kind === "recovery") {
+    const lost = (d.lost || []).length ? `; lost ${d.lost.join(", ")}` : "";
+    return `${d.error || "failure"} at step ${(d.failed_step ?? 0) + 1}${lost}; ` +
+      `${d.steps_redone ?? 0} steps redone, back in ${fmtSeconds(d.recover_s)}`;
+  }
+  if (e.kind === "replan") return d.reason || "re-planned";
+  return `control plane restarted; resumed at step ${e.step + 1}`;
+}
+
+function eventMarks(job) {
+  return (job.events || []).map((e) => ({
+    x: e.step + 1, label: EVENT_LABEL[e.kind] || e.kind, title: eventText(e),
+  }));
+}
+
+function renderEvents(job, checkpoints) {
+  const events = job.events || [];
+  $("events-card").hidden = !events.length && !checkpoints.length;
+  $("events-view").innerHTML = events.map((e) =>
+    `<li><span class="badge ${esc(e.kind)}">${esc(EVENT_LABEL[e.kind] || e.kind)}</span>
+      <span class="muted">step ${e.step + 1}</span> ${esc(eventText(e))}</li>`).join("");
+  const last = checkpoints.length ? checkpoints[checkpoints.length - 1] : null;
+  $("checkpoint-link").innerHTML = last
+    ? `<a href="${esc(last.url)}" download>download checkpoint of step ${last.step + 1}</a>` : "";
+}
+
 function renderCharts(job, steps) {
   const plan = job.plan;
+  const marks = eventMarks(job);
   lineChart($("loss-chart"), {
     series: [{ name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.loss]) }],
+    marks,
     yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
@@ -140,7 +173,7 @@ function renderCharts(job, steps) {
   if (even) refs.push({ y: even.predicted_samples_per_s, label: "even split (pred.)", color: "var(--series-3)" });
   lineChart($("throughput-chart"), {
     series: [{ name: "samples/s", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.samples_per_s]) }],
-    refs, yZero: true, yFormat: (v) => fmtNum(v, 3), xLabel: "step",
+    refs, marks, yZero: true, yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
   const last = steps.length ? steps[steps.length - 1] : null;
@@ -165,8 +198,9 @@ function renderSpec(job) {
   $("job-spec").innerHTML = items.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
 }
 
-function render(job, steps) {
+function render(job, steps, checkpoints) {
   renderHead(job);
+  renderEvents(job, checkpoints);
   renderTiles(job);
   const planKey = JSON.stringify(job.plan);
   if (planKey !== current.planKey || overview.devices.size !== current.numDevices) {
@@ -206,9 +240,10 @@ async function poll(view) {
   try {
     const job = await get(`/jobs/${encodeURIComponent(view.id)}`);
     const since = view.steps.length ? view.steps[view.steps.length - 1].step + 1 : 0;
-    const [fresh, log] = await Promise.all([
+    const [fresh, log, checkpoints] = await Promise.all([
       fetchSteps(view.id, since),
       get(`/jobs/${encodeURIComponent(view.id)}/logs?since=${view.logLines}`),
+      get(`/jobs/${encodeURIComponent(view.id)}/checkpoints`),
     ]);
     if (!view.alive) return;
     view.logLines += log.data.length;
@@ -216,7 +251,7 @@ async function poll(view) {
     view.steps.push(...fresh.filter((s) => s.step >= since));
     view.job = job;
     $("job-error").textContent = "";
-    render(job, view.steps);
+    render(job, view.steps, checkpoints.data);
     // Poll once more after the job turns terminal, so its last steps are in.
     if (TERMINAL.has(job.state)) { again = !view.sawTerminal; view.sawTerminal = true; }
   } catch (err) {

@@ -4,9 +4,9 @@
 import { ApiError, del, get, getToken, post, setToken, uploadDataset } from "./api.js";
 import { esc, fmtBytes, fmtRate, fmtSeconds, fmtTime, isNum } from "./format.js";
 import { planSummary, renderPlan } from "./plan.js";
+import { TERMINAL } from "./states.js";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
 
 export const state = {
   cluster: null,

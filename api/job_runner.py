@@ -1,0 +1,238 @@
+"""One job's run on the service: profile, plan, train durably, record what changed.
+
+Called by the executor's runner thread (:mod:`api.executor`). The job trains
+on the cluster handle's warm workers through ``workers.session.train`` with:
+
+- checkpoints every ``checkpoint_every`` steps (default a tenth of the job,
+  at most 50) and/or ``checkpoint_every_s`` seconds, and at a stop and the
+  end, under ``<checkpoint root>/<job id>`` (``HETSCHED_CHECKPOINT_URI``);
+- recovery from up to ``max_failures`` failed devices: the same global batch
+  is planned again on the job's devices that are still there and the last
+  checkpoint restored into that plan;
+- live re-planning when a device's speed changes (``replan``, default the
+  service's ``HETSCHED_REPLAN``);
+- a start from another job's checkpoint (``init_from``), or, when the service
+  restarted while the job ran, from the job's own last checkpoint.
+
+Every recovery, re-plan and restart is an event on the job (``GET
+/jobs/{id}``) and a log line; every checkpoint is listed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from api.services import ClusterHandle, Profiler, model_from_ref, plan_summary, resolve_dataset
+from api.settings import Settings
+from api.store import JobRecord, JobStore
+from scheduler.errors import HetschedError
+from scheduler.plan import Plan
+from scheduler.planner import make_plan
+
+if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
+    from scheduler.replan import ReplanDecision
+    from workers.session import CheckpointInfo, Recovery, TrainResult
+
+MAX_CHECKPOINT_EVERY = 50
+
+
+@dataclass(kw_only=True, slots=True)
+class LiveJob:
+    """What the dashboard and /metrics read about a running job without the database."""
+
+    job_id: str
+    devices: list[str]
+    stop: threading.Event = field(default_factory=threading.Event)
+    step_s: float | None = None
+    samples_per_s: float | None = None
+    steps_done: int = 0
+    device_steps: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    """id -> (busy_s, wait_s, peak_bytes) of the latest step."""
+    thread: threading.Thread | None = None
+
+
+def checkpoint_every(steps: int, asked: int | None) -> int:
+    """The job's checkpoint interval in steps.
+
+    >>> checkpoint_every(200, None), checkpoint_every(2000, None), checkpoint_every(5, None)
+    (20, 50, 1)
+    """
+    return asked if asked is not None else min(MAX_CHECKPOINT_EVERY, max(1, steps // 10))
+
+
+@dataclass(kw_only=True, slots=True)
+class JobRunner:
+    store: JobStore
+    handle: ClusterHandle
+    profiler: Profiler
+    settings: Settings
+    release: Callable[[LiveJob, list[str]], None]
+    """Hands devices the plan does not use back to the queue."""
+
+    def root(self, job_id: str) -> str:
+        return f"{self.settings.checkpoint_root}/{job_id}"
+
+    def run(self, job: JobRecord, live: LiveJob, *, resume: bool) -> TrainResult | None:
+        """Train ``job``; None when a stop came before training started."""
+        from workers.session import (
+            Checkpointing,
+            CheckpointStore,
+            LiveReplanning,
+            OptimizerConfig,
+            StepMetrics,
+            train,
+        )
+
+        spec, store = job.spec, self.store
+        model = model_from_ref(spec.model)
+        store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
+        profile = self.profiler.measure(model, live.devices)
+        plan = make_plan(profile, spec.global_batch, spec.strategy)
+        self._set_plan(job, live, plan)
+        if live.stop.is_set():
+            return None
+        restore = self._restore(job, resume=resume)
+        dataset = resolve_dataset(self.settings.data_dir, spec.dataset, seq_len=model.seq_len)
+        opt = spec.optimizer
+        optimizer = OptimizerConfig(
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            warmup_steps=opt.warmup_steps,
+            decay_steps=opt.decay_steps,
+            min_lr_ratio=opt.min_lr_ratio,
+            grad_clip=opt.grad_clip,
+        )
+        every = max(1, spec.steps // 20)
+        step_times: list[float] = []
+
+        def on_step(m: StepMetrics) -> None:
+            step_times.append(m.step_s)
+            store.add_step(
+                job.id,
+                step=m.step,
+                loss=m.loss,
+                step_s=m.step_s,
+                samples_per_s=m.samples_per_s,
+                devices=[
+                    {"id": d.id, "busy_s": d.busy_s, "wait_s": d.wait_s, "peak_bytes": d.peak_bytes}
+                    for d in m.devices
+                ],
+                step_times_s=step_times,
+            )
+            live.step_s, live.samples_per_s = m.step_s, m.samples_per_s
+            live.steps_done = m.step + 1
+            live.device_steps = {d.id: (d.busy_s, d.wait_s, d.peak_bytes) for d in m.devices}
+            if m.step < 3 or (m.step + 1) % every == 0 or m.step + 1 == spec.steps:
+                store.log(
+                    job.id,
+                    "INFO",
+                    f"step {m.step + 1}/{spec.steps}: loss {m.loss:.4f}, "
+                    f"{m.step_s * 1e3:.0f} ms, {m.samples_per_s:.1f} samples/s",
+                )
+
+        def on_checkpoint(info: CheckpointInfo) -> None:
+            kept = [c.step for c in CheckpointStore(self.root(job.id)).complete()]
+            store.add_checkpoint(job.id, step=info.step, uri=info.uri, keep=kept)
+
+        def on_recovery(recovery: Recovery) -> None:
+            record = recovery.to_dict()
+            store.add_event(job.id, kind="recovery", step=record["resumed_step"], data=record)
+            lost = ", ".join(record["lost"]) or "none"
+            store.log(
+                job.id,
+                "WARNING",
+                f"recovered from {record['error']} at step {record['failed_step']}: "
+                f"devices lost: {lost}; resumed at step {record['resumed_step']} "
+                f"in {record['recover_s']:.1f} s",
+            )
+
+        def on_replan(decision: ReplanDecision) -> None:
+            store.add_event(job.id, kind="replan", step=decision.step, data=decision.to_dict())
+            store.log(job.id, "INFO", f"re-planned at step {decision.step}: {decision.reason}")
+            store.set_plan(job.id, decision.new_plan, [d.id for d in decision.new_plan.active])
+
+        def replan(lost: set[str]) -> Plan:
+            usable = [d for d in live.devices if d not in lost]
+            new_plan = make_plan(profile.subset(usable), spec.global_batch, spec.strategy)
+            store.set_plan(job.id, new_plan, [d.id for d in new_plan.active])
+            return new_plan
+
+        follow = spec.replan if spec.replan is not None else self.settings.replan
+        assert self.handle.cluster is not None
+        # The whole cluster, not the subset: simulated pacing is relative to its
+        # fastest device, as it was when the profile was measured.
+        return train(
+            cluster=self.handle.cluster,
+            model=model,
+            plan=plan,
+            steps=spec.steps,
+            seed=spec.seed,
+            dataset=dataset,
+            optimizer=optimizer,
+            simulated=self.handle.simulated,
+            on_step=on_step,
+            should_stop=live.stop.is_set,
+            cache_dir=self.profiler.cache_dir,
+            pool=self.handle.pool,
+            checkpointing=Checkpointing(
+                root=self.root(job.id),
+                every_steps=checkpoint_every(spec.steps, spec.checkpoint_every),
+                every_s=spec.checkpoint_every_s,
+                manifest={"job": job.id, "spec": spec.model_dump(mode="json")},
+            ),
+            restore=restore,
+            max_failures=spec.max_failures,
+            replan=replan,
+            on_checkpoint=on_checkpoint,
+            on_recovery=on_recovery,
+            live=LiveReplanning(profile=profile, strategy=spec.strategy, total_steps=spec.steps)
+            if follow
+            else None,
+            on_replan=on_replan,
+        )
+
+    def _set_plan(self, job: JobRecord, live: LiveJob, plan: Plan) -> None:
+        active = [d.id for d in plan.active]
+        self.store.set_plan(job.id, plan, active)
+        self.store.log(job.id, "INFO", plan_summary(plan))
+        for excluded in plan.excluded:
+            self.store.log(job.id, "WARNING", f"{excluded.id} left out: {excluded.reason}")
+        released = [d for d in live.devices if d not in active]
+        if released:
+            self.release(live, active)
+            self.store.log(job.id, "INFO", f"released {', '.join(released)} (not in the plan)")
+
+    def _restore(self, job: JobRecord, *, resume: bool) -> CheckpointInfo | None:
+        """The checkpoint to start from: the job's own after a restart, or ``init_from``'s."""
+        from workers.session import CheckpointStore
+
+        if resume:
+            latest = CheckpointStore(self.root(job.id)).latest()
+            where = (
+                f"its checkpoint of step {latest.step}" if latest else "the start (no checkpoint)"
+            )
+            self.store.add_event(
+                job.id,
+                kind="restart",
+                step=latest.step + 1 if latest else 0,
+                data={"resumed_step": latest.step + 1 if latest else 0},
+            )
+            self.store.log(job.id, "WARNING", f"control plane restarted: resuming from {where}")
+            if latest is not None:
+                return latest
+        if job.spec.init_from is None:
+            return None
+        other, _, step = job.spec.init_from.partition("@")
+        if self.store.get(other) is None:
+            raise HetschedError(f"init_from: no job {other!r}")
+        source = CheckpointStore(self.root(other))
+        info = source.get(int(step)) if step else source.latest()
+        if info is None:
+            raise HetschedError(f"init_from: job {other} has no checkpoint")
+        self.store.log(
+            job.id, "INFO", f"starting from job {other}'s checkpoint of step {info.step}"
+        )
+        return info

@@ -1,0 +1,41 @@
+"""The job record is typed end to end: the store parses spec and plan once."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from api.schemas import JobCreate, OptimizerSpec
+from api.settings import DEFAULT_CLUSTER
+from api.store import JobStore
+from scheduler.cluster import load_cluster
+from scheduler.models import get_preset
+from scheduler.plan import Plan
+from scheduler.planner import make_plan
+from scheduler.profile import analytic_profile
+
+JOBS = "/api/v1/jobs"
+
+
+def test_store_hands_back_the_spec_model_and_the_plan(offline: TestClient) -> None:
+    submitted = {"name": "typed", "global_batch": 8, "steps": 3, "optimizer": {"lr": 0.01}}
+    job_id = offline.post(JOBS, json=submitted).json()["id"]
+    store: JobStore = offline.app.state.hetsched.store  # type: ignore[attr-defined]
+    record = store.get(job_id)
+    assert record is not None and isinstance(record.spec, JobCreate)
+    assert record.spec.optimizer == OptimizerSpec(lr=0.01, weight_decay=0.0)
+    assert (record.spec.global_batch, record.spec.steps, record.spec.devices) == (8, 3, None)
+    assert record.plan is None
+
+    profile = analytic_profile(load_cluster(DEFAULT_CLUSTER), get_preset("gpt-tiny"))
+    plan = make_plan(profile, 8, "dp")
+    assert store.start(job_id, ["node-a/0", "node-a/1"])
+    store.set_plan(job_id, plan, [d.id for d in plan.active])
+    running = store.get(job_id)
+    assert running is not None and isinstance(running.plan, Plan)
+    assert running.plan == plan and running.predicted_step_s == plan.predicted_step_s
+    shown = offline.get(f"{JOBS}/{job_id}").json()
+    unset = (None, [])  # the API shows fields the plan document leaves out as null
+    assert [{k: v for k, v in d.items() if v not in unset} for d in shown["plan"]["devices"]] == [
+        {k: v for k, v in d.items() if v not in unset} for d in plan.to_dict()["devices"]
+    ]
+    assert shown["spec"]["optimizer"] == {"lr": 0.01, "weight_decay": 0.0}

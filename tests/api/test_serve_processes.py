@@ -1,0 +1,123 @@
+"""``hetsched serve`` leaves no Ray process behind, however it is stopped.
+
+The service runs as a real subprocess, as a user, systemd or a container
+runtime runs it. Its Ray processes are found independently of the service's
+own bookkeeping: every descendant of the service's pid while it is up
+(GCS, raylet, monitors, the dashboard and runtime-env agents, workers),
+named by pid and start time so a reused pid cannot pass for one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+STARTUP_S = 180.0
+EXIT_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
+    command = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir)]
+    return subprocess.Popen(
+        [*command, "--port", str(port), "--num-cpus", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _wait_up(service: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        assert service.poll() is None, f"hetsched serve exited with {service.returncode}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"hetsched serve did not answer /healthz within {STARTUP_S:.0f} s")
+
+
+def _tree(pid: int) -> set[tuple[int, float]]:
+    """(pid, start time) of every descendant of ``pid``."""
+    found = set()
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            found.add((child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _alive(processes: set[tuple[int, float]]) -> list[str]:
+    left = []
+    for pid, created in processes:
+        try:
+            process = psutil.Process(pid)
+            if abs(process.create_time() - created) < 0.01 and process.status() != "zombie":
+                left.append(f"{pid} {process.name()}")
+        except psutil.Error:
+            continue
+    return left
+
+
+def _assert_all_gone(processes: set[tuple[int, float]]) -> None:
+    deadline = time.monotonic() + EXIT_S
+    while _alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alive(processes) == [], "Ray processes left behind"
+
+
+def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], set[tuple[int, float]]]:
+    port = _free_port()
+    service = _serve(data_dir, port)
+    _wait_up(service, port)
+    ray_processes = _tree(service.pid)
+    names = {psutil.Process(pid).name() for pid, _ in ray_processes}
+    assert any("raylet" in n for n in names), f"no raylet among {sorted(names)}"
+    return service, ray_processes
+
+
+def _sigterm(service: subprocess.Popen[bytes]) -> None:
+    service.send_signal(signal.SIGTERM)
+    service.wait(EXIT_S)
+
+
+def test_sigterm_leaves_no_ray_process(tmp_path: Path) -> None:
+    service, ray_processes = _start(tmp_path)
+    try:
+        _sigterm(service)
+        assert service.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        _assert_all_gone(ray_processes)
+    finally:
+        service.kill()
+
+
+def test_restart_after_kill_9_ends_the_predecessors_ray(tmp_path: Path) -> None:
+    first, first_ray = _start(tmp_path)
+    first.kill()  # SIGKILL: no cleanup runs in the service
+    first.wait(EXIT_S)
+    second, second_ray = _start(tmp_path)
+    try:
+        _assert_all_gone(first_ray)
+        _sigterm(second)
+        _assert_all_gone(second_ray)
+    finally:
+        second.kill()

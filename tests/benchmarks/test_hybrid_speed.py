@@ -1,0 +1,43 @@
+"""How long the hybrid planner takes for 512 mixed GPUs (64 nodes of 8), GPT-2 XL.
+
+Target: under 5 s, checked against the best CPU time of a few runs (this
+process's time on its core, so other work sharing the machine does not
+count); wall time is printed beside it. The plan's validity is asserted in
+tests/scheduler/test_hybrid.py. Run on purpose:
+
+    .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_hybrid_speed.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scheduler.cluster import parse_cluster
+from scheduler.models import get_preset
+from scheduler.planner import make_plan
+from scheduler.profile import analytic_profile
+
+TARGET_S = 5.0
+RUNS = 3
+TYPES = ["A100-80GB", "V100-16GB", "L4-24GB", "T4-16GB"]
+
+
+@pytest.mark.benchmark
+def test_512_device_hybrid_plan_under_5_s() -> None:
+    nodes = [
+        {"name": f"n{i}", "devices": [{"type": TYPES[i % len(TYPES)], "count": 8}]}
+        for i in range(64)
+    ]
+    profile = analytic_profile(
+        parse_cluster({"name": "lab", "nodes": nodes}), get_preset("gpt2-xl")
+    )
+    cpu_s, wall_s = [], []
+    for _ in range(RUNS):
+        cpu, wall = time.process_time(), time.perf_counter()
+        make_plan(profile, 2048, "hybrid")
+        cpu_s.append(time.process_time() - cpu)
+        wall_s.append(time.perf_counter() - wall)
+    print(f"\nhybrid, 512 devices: best {min(cpu_s):.2f} s CPU, {min(wall_s):.2f} s wall")
+    assert min(cpu_s) < TARGET_S
