@@ -6,6 +6,8 @@
     hetsched simulate ...               train on a local simulated mixed cluster
     hetsched cluster-sim ...            replay a job trace under scheduling policies
     hetsched serve ...                  the control plane and dashboard
+    hetsched prepare-data ...           tokenize a text file into a token-id dataset
+    hetsched export ...                 a checkpoint as a Hugging Face model directory
     hetsched submit|jobs|status|stop    talk to a running control plane
 
 User errors print one line, ``hetsched: error: ...``, and exit with code 2.
@@ -28,6 +30,8 @@ COMMANDS = {
     "simulate": "simulate",
     "cluster-sim": "cluster_sim",
     "serve": "serve",
+    "prepare-data": "prepare_data",
+    "export": "export",
     "submit": "client",
     "jobs": "client",
     "status": "client",

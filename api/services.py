@@ -30,14 +30,17 @@ from api.store import JobStore, ProfileRecord
 from scheduler.capacity import usable_capacity_bytes
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError, PlanError
+from scheduler.hf_config import is_path_ref, load_hf_config
 from scheduler.models import ModelPreset, get_preset
 from scheduler.plan import Plan
 from scheduler.planner import make_plan
 from scheduler.profile import Profile, analytic_profile, profile_from_dict
 from scheduler.units import format_bytes
+from workers.datafile import DEFAULT_CORPUS, inspect_dataset
 
 log = logging.getLogger("hetsched.api")
 BYTE_VOCAB = 256
+DATASET_SUFFIXES = (".txt", ".bin")
 
 
 class ClusterUnavailable(HetschedError):
@@ -159,12 +162,34 @@ def _one_line(exc: BaseException) -> str:
 # --- checking a spec against this server ---------------------------------------
 
 
-def model_from_ref(ref: str | ModelDims | dict[str, Any]) -> ModelPreset:
+def model_from_ref(
+    ref: str | ModelDims | dict[str, Any], *, data_dir: Path | None = None
+) -> ModelPreset:
+    """A preset name, explicit dimensions, or a Hugging Face ``config.json`` / model
+    directory inside the server's data directory (never outside it)."""
     if isinstance(ref, dict):
         ref = ModelDims.model_validate(ref)
     if isinstance(ref, str):
-        return get_preset(ref)
+        if not is_path_ref(ref):
+            return get_preset(ref)
+        if data_dir is None:
+            raise HetschedError(
+                f"model: {ref!r} is a path; this server reads model configs only from "
+                "its data directory"
+            )
+        return load_hf_config(_inside(data_dir, ref.removeprefix("hf:"), what="model"))
     return ModelPreset(**ref.model_dump())
+
+
+def _inside(data_dir: Path, name: str, *, what: str) -> Path:
+    """``name`` resolved inside the data directory; anything reaching outside is refused."""
+    root = data_dir.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise HetschedError(
+            f"{what}: {name!r} is outside the server's data directory; give a name inside it"
+        )
+    return path
 
 
 def model_key(model: ModelPreset) -> str:
@@ -194,33 +219,44 @@ def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[s
     return [d for d in known if d in set(device_ids)]
 
 
-def resolve_dataset(data_dir: Path, name: str, *, seq_len: int) -> Path | None:
-    """``default`` (the bundled corpus) or a file inside the data directory, nowhere else."""
-    if name == "default":
-        return None
-    root = data_dir.resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or path == root:
-        raise HetschedError(
-            f"dataset: {name!r} is outside the server's data directory; "
-            "give 'default' or a file name inside it"
-        )
-    if not path.is_file():
+def resolve_dataset(
+    data_dir: Path,
+    name: str,
+    *,
+    seq_len: int,
+    vocab_size: int | None = None,
+    global_batch: int | None = None,
+) -> Path | None:
+    """``default`` (the bundled corpus, ``None``) or a dataset file inside the data
+    directory, nowhere else, checked against the model and the global batch when given
+    (workers/datafile.py: sidecar, size, vocabulary, one global batch) before any worker
+    starts."""
+    path = DEFAULT_CORPUS if name == "default" else _inside(data_dir, name, what="dataset")
+    if not path.is_file() or not is_dataset_name(path.name):
         known = ", ".join(list_datasets(data_dir))
         raise NotOnServer(
-            f"dataset: no file {name!r} in the server's data directory {root}; give one of: {known}"
+            f"dataset: no file {name!r} in the server's data directory {data_dir.resolve()}; "
+            f"give one of: {known}"
         )
-    size = path.stat().st_size
-    if size < seq_len + 1:
-        raise NotOnServer(f"dataset: {name!r} has {size} bytes; a sample needs {seq_len + 1}")
-    return path
+    inspect_dataset(path, seq_len=seq_len, vocab_size=vocab_size, global_batch=global_batch)
+    return None if name == "default" else path
+
+
+def is_dataset_name(name: str) -> bool:
+    """Text files and token files are datasets; sidecars and tokenizers go with them."""
+    return name.endswith(DATASET_SUFFIXES)
 
 
 def list_datasets(data_dir: Path) -> list[str]:
+    """``default`` and every dataset file under the data directory, by relative name."""
     root = data_dir.resolve()
     names = ["default"]
     if root.is_dir():
-        names += sorted(str(p.relative_to(root)) for p in root.rglob("*.txt") if p.is_file())
+        names += sorted(
+            str(p.relative_to(root))
+            for p in root.rglob("*")
+            if p.is_file() and is_dataset_name(p.name) and not p.name.startswith(".")
+        )
     return names
 
 

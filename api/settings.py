@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     """CPUs the embedded local Ray may use."""
     executor: bool = True
     """Run queued jobs. Off: jobs are stored but stay PENDING (API-only tests)."""
+    max_upload_bytes: int = Field(default=1 << 30, ge=1)
+    """Largest dataset file ``POST /api/v1/datasets`` accepts (default 1 GiB)."""
     api_token: SecretStr | None = None
     """When set, mutating calls need ``Authorization: Bearer <token>``."""
     checkpoint_uri: str | None = None

@@ -19,8 +19,9 @@ Legend: ``s`` sequence length, ``h`` d_model, ``a`` heads, ``L`` layers,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from scheduler.activations import (
     ATTENTION_KERNELS,
@@ -52,6 +53,17 @@ class ModelPreset:
     vocab_size: int
     seq_len: int
     """Training context length (tokens per sample)."""
+    num_kv_heads: int = 0
+    """Key/value heads (grouped-query attention, llama only); 0 means ``num_heads``."""
+    max_seq_len: int = 0
+    """Longest context the model supports (GPT's position table has this many rows);
+    0 means ``seq_len``. A Hugging Face GPT-2 keeps its ``n_positions`` here."""
+    norm_eps: float = 1e-5
+    """Epsilon of LayerNorm (gpt) or RMSNorm (llama)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary position embedding's frequencies (llama)."""
+    gelu_approximate: Literal["none", "tanh"] = "none"
+    """GPT's MLP activation: exact GELU, or the tanh approximation GPT-2 was trained with."""
     attention: AttentionKernel = "memory_efficient"
     """The ``scaled_dot_product_attention`` kernel the block runs; it sets what attention
     keeps for the backward pass (:mod:`scheduler.activations`)."""
@@ -70,6 +82,34 @@ class ModelPreset:
             raise HetschedError(
                 f"model.d_model: {self.d_model} must be divisible by num_heads {self.num_heads}"
             )
+        # Frozen: the two "0 means ..." defaults are resolved once, here.
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.max_seq_len == 0:
+            object.__setattr__(self, "max_seq_len", self.seq_len)
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise HetschedError(
+                f"model.num_kv_heads: {self.num_kv_heads} must be >= 1 and divide "
+                f"num_heads {self.num_heads}"
+            )
+        if self.family == "gpt" and self.num_kv_heads != self.num_heads:
+            raise HetschedError(
+                f"model.num_kv_heads: the gpt family has no grouped-query attention; "
+                f"must equal num_heads {self.num_heads}, got {self.num_kv_heads}"
+            )
+        if self.max_seq_len < self.seq_len:
+            raise HetschedError(
+                f"model.seq_len: {self.seq_len} exceeds max_seq_len {self.max_seq_len}"
+            )
+        for field_name in ("norm_eps", "rope_theta"):
+            value = getattr(self, field_name)
+            if not value > 0 or value == float("inf"):
+                raise HetschedError(f"model.{field_name}: must be a finite number > 0, got {value}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head (``h / a``)."""
+        return self.d_model // self.num_heads
 
     # --- parameters -------------------------------------------------------
 
@@ -82,7 +122,8 @@ class ModelPreset:
             mlp = 2 * h * f + f + h
             norms = 2 * 2 * h  # two LayerNorms, weight and bias
         else:
-            attn = 4 * h * h
+            kv = self.num_kv_heads * self.head_dim  # grouped-query: fewer key/value heads
+            attn = 2 * h * h + 2 * h * kv  # q and out projections, k and v; no biases
             mlp = 3 * h * f  # gate, up, down
             norms = 2 * h  # two RMSNorms, weight only
         return attn + mlp + norms
@@ -90,7 +131,7 @@ class ModelPreset:
     @property
     def embed_params(self) -> int:
         """Token (and, for GPT, position) embeddings."""
-        positions = self.seq_len * self.d_model if self.family == "gpt" else 0
+        positions = self.max_seq_len * self.d_model if self.family == "gpt" else 0
         return self.vocab_size * self.d_model + positions
 
     @property
@@ -227,6 +268,19 @@ PRESETS: dict[str, ModelPreset] = {
             vocab_size=256,
             seq_len=128,
         ),
+        # The llama family's CPU counterpart of gpt-tiny: grouped-query attention
+        # (two query heads per key/value head) and a SwiGLU width of about 8/3·h.
+        ModelPreset(
+            name="llama-tiny",
+            family="llama",
+            num_layers=4,
+            d_model=128,
+            num_heads=4,
+            num_kv_heads=2,
+            d_ff=352,
+            vocab_size=256,
+            seq_len=64,
+        ),
         _gpt2("gpt2-small", 12, 768, 12),
         _gpt2("gpt2-medium", 24, 1024, 16),
         _gpt2("gpt2-large", 36, 1280, 20),
@@ -261,3 +315,20 @@ def get_preset(name: str) -> ModelPreset:
     if preset is None:
         raise HetschedError(f"model: unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return preset
+
+
+def preset_to_dict(preset: ModelPreset) -> dict[str, Any]:
+    """Every field of ``preset``, JSON-ready (checkpoints and exports carry this)."""
+    return {f.name: getattr(preset, f.name) for f in fields(preset)}
+
+
+def preset_from_dict(raw: Mapping[str, Any], *, where: str = "model") -> ModelPreset:
+    """The inverse of :func:`preset_to_dict`; unknown keys name the known ones."""
+    known = [f.name for f in fields(ModelPreset)]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise HetschedError(f"{where}.{unknown[0]}: unknown field; known: {', '.join(known)}")
+    try:
+        return ModelPreset(**raw)
+    except TypeError as exc:
+        raise HetschedError(f"{where}: {exc}") from exc

@@ -25,7 +25,8 @@ import torch
 
 from scheduler.models import ModelPreset
 from workers.data import ByteDataset
-from workers.model import GPT, lm_loss_sum
+from workers.model import lm_loss_sum
+from workers.models import build_model
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 CALIBRATION_REPEATS = 5
@@ -86,7 +87,7 @@ def measure_host(
 ) -> HostCalibration:
     """Time forward+backward on one CPU thread; min over repeats, then a line fit."""
     torch.set_num_threads(1)
-    model = GPT(preset, seed=0)
+    model = build_model(preset, seed=0)
     data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
     best: list[float] = []
     for m in sizes:

@@ -38,7 +38,8 @@ from scheduler.profile import LayerCost, LayerProfile
 from workers.calibration import HostCalibration, default_cache_dir, fit_line, host_key
 from workers.data import ByteDataset
 from workers.devices import SimulatedDevice, TorchDevice, model_state_bytes
-from workers.model import GPT, lm_loss_sum
+from workers.model import lm_loss_sum
+from workers.models import build_model
 from workers.pacing import Pacing
 
 PIECES = ("embed", "block", "head")
@@ -49,20 +50,20 @@ _MEMO: dict[str, dict[str, HostCalibration]] = {}
 _LOCK = threading.Lock()
 
 
-def piece_module(preset: ModelPreset, piece: str, *, seed: int = 0) -> GPT:
-    """The embedding, block 0, or the head (with its own embedding-weight copy)."""
+def piece_module(preset: ModelPreset, piece: str, *, seed: int = 0) -> torch.nn.Module:
+    """The embedding, block 0, or the head (GPT's with its own embedding-weight copy)."""
     if piece == "embed":
-        return GPT(preset, seed=seed, first=0, last=0, embed=True, head=False)
+        return build_model(preset, seed=seed, first=0, last=0, embed=True, head=False)
     if piece == "block":
-        return GPT(preset, seed=seed, first=0, last=1, embed=False, head=False)
+        return build_model(preset, seed=seed, first=0, last=1, embed=False, head=False)
     if piece == "head":
         n = preset.num_layers
-        return GPT(preset, seed=seed, first=n, last=n, embed=False, head=True)
+        return build_model(preset, seed=seed, first=n, last=n, embed=False, head=True)
     raise ValueError(f"piece: {piece!r}; known: {', '.join(PIECES)}")
 
 
 def piece_forward(
-    preset: ModelPreset, piece: str, module: GPT, micro_batch: int, device: torch.device
+    preset: ModelPreset, piece: str, module: torch.nn.Module, micro_batch: int, device: torch.device
 ) -> Callable[[], torch.Tensor]:
     """A closure computing a scalar whose backward runs the piece's backward."""
     data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)

@@ -22,18 +22,13 @@ Legend: B batch, T sequence length, C d_model, nh heads, hs head size, V vocabul
 
 from __future__ import annotations
 
-import math
-import zlib
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from scheduler.errors import HetschedError
 from scheduler.models import ModelPreset
-
-INIT_STD = 0.02
-"""GPT-2 initialisation; residual projections are further scaled by 1/sqrt(2·L)."""
+from workers.init import ParamKind, init_parameters
 
 
 class CausalSelfAttention(nn.Module):
@@ -60,17 +55,18 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(preset.d_model, preset.d_ff)
         self.proj = nn.Linear(preset.d_ff, preset.d_model)
+        self.approximate = preset.gelu_approximate  # GPT-2's checkpoints use "tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))  # (B, T, C)
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))  # (B, T, C)
 
 
 class Block(nn.Module):
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(preset.d_model)
+        self.ln_1 = nn.LayerNorm(preset.d_model, eps=preset.norm_eps)
         self.attn = CausalSelfAttention(preset)
-        self.ln_2 = nn.LayerNorm(preset.d_model)
+        self.ln_2 = nn.LayerNorm(preset.d_model, eps=preset.norm_eps)
         self.mlp = MLP(preset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +78,7 @@ class Embedding(nn.Module):
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__()
         self.wte = nn.Embedding(preset.vocab_size, preset.d_model)
-        self.wpe = nn.Embedding(preset.seq_len, preset.d_model)
+        self.wpe = nn.Embedding(preset.max_seq_len, preset.d_model)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]
@@ -95,7 +91,7 @@ class Head(nn.Module):
 
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__()
-        self.ln_f = nn.LayerNorm(preset.d_model)
+        self.ln_f = nn.LayerNorm(preset.d_model, eps=preset.norm_eps)
         self.weight = nn.Parameter(torch.empty(preset.vocab_size, preset.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +118,11 @@ class GPT(nn.Module):
         head: bool = True,
     ) -> None:
         super().__init__()
-        check_trainable(preset)
+        if preset.family != "gpt":
+            raise HetschedError(
+                f"model: {preset.name} is a {preset.family} preset; build it with "
+                "workers.models.build_model"
+            )
         last = preset.num_layers if last is None else last
         if not 0 <= first <= last <= preset.num_layers:
             raise HetschedError(
@@ -134,7 +134,13 @@ class GPT(nn.Module):
         self.embed = Embedding(preset) if embed else None
         self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(first, last)})
         self.head = Head(preset) if head else None
-        init_parameters(self, seed=seed, num_layers=preset.num_layers)
+        init_parameters(
+            self,
+            seed=seed,
+            num_layers=preset.num_layers,
+            kind_of=_param_kind,
+            global_name=_global_name,
+        )
         if self.embed is not None and self.head is not None:
             self.head.weight = self.embed.wte.weight  # tied, as in GPT-2
 
@@ -155,39 +161,35 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+TRAINABLE_FAMILIES = ("gpt",)
+"""Families the runtimes build; "llama" joins once they build through
+workers.models.build_model."""
+
+
 def check_trainable(preset: ModelPreset) -> None:
-    if preset.family != "gpt":
+    """Refuse, before Ray starts, a model the runtimes cannot build."""
+    if preset.family not in TRAINABLE_FAMILIES:
         raise HetschedError(
-            f"model: {preset.name} is a {preset.family} preset; the trainer builds the gpt "
-            "family only (plan it analytically with `hetsched plan`)"
+            f"model: {preset.name} is a {preset.family} preset; the trainer builds the "
+            f"{', '.join(TRAINABLE_FAMILIES)} family only (plan it analytically with "
+            "`hetsched plan`)"
         )
 
 
-def _param_seed(seed: int, name: str) -> int:
-    """One generator seed per (seed, global parameter name): slicing-independent init."""
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+def _global_name(name: str) -> str:
+    """The head's weight is named like the token embedding, so an untied head copy
+    starts from the same values as the embedding it mirrors."""
+    return "embed.wte.weight" if name == "head.weight" else name
 
 
-def init_parameters(model: GPT, *, seed: int, num_layers: int) -> None:
-    """GPT-2 init: N(0, 0.02) weights, zero biases, unit norms, scaled residual projections.
-
-    The head's weight is named like the token embedding, so an untied head
-    copy starts from the same values as the embedding it mirrors.
-    """
-    residual_std = INIT_STD / math.sqrt(2 * num_layers)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            global_name = "embed.wte.weight" if name == "head.weight" else name
-            gen = torch.Generator().manual_seed(_param_seed(seed, global_name))
-            leaf = name.rsplit(".", 1)[-1]
-            if ".ln_" in f".{name}" or "ln_f" in name:
-                param.fill_(1.0 if leaf == "weight" else 0.0)
-            elif leaf == "bias":
-                param.zero_()
-            else:
-                std = residual_std if name.endswith("proj.weight") else INIT_STD
-                values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
-                param.copy_(values.to(param.dtype))
+def _param_kind(name: str) -> ParamKind:
+    """GPT-2 init (workers/init.py): unit LayerNorm gains, zero biases, scaled residuals."""
+    leaf = name.rsplit(".", 1)[-1]
+    if ".ln_" in f".{name}" or "ln_f" in name:
+        return "ones" if leaf == "weight" else "zeros"
+    if leaf == "bias":
+        return "zeros"
+    return "residual" if name.endswith("proj.weight") else "normal"
 
 
 def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -199,3 +201,24 @@ def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(
         logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum"
     )
+
+
+def piece_of_param(name: str) -> str:
+    """The pipeline piece a parameter belongs to, by its global name.
+
+    The tied head and the token embedding are one piece, ``wte``: the first and
+    the last stage each hold a copy and sum their gradients.
+
+    >>> [piece_of_param(n) for n in ("embed.wte.weight", "head.weight", "embed.wpe.weight",
+    ...                              "blocks.3.mlp.fc.bias", "head.ln_f.weight")]
+    ['wte', 'wte', 'wpe', 'block3', 'ln_f']
+    """
+    if name in ("embed.wte.weight", "head.weight"):
+        return "wte"
+    if name.startswith("embed."):
+        return "wpe"
+    if name.startswith("blocks."):
+        return f"block{name.split('.')[1]}"
+    if name.startswith("head.ln_f."):
+        return "ln_f"
+    raise HetschedError(f"model: {name!r} is not a parameter of the gpt family")

@@ -21,7 +21,8 @@ from typing import Any
 
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, get_preset
+from scheduler.hf_config import resolve_model
+from scheduler.models import PRESETS
 from scheduler.plan import Plan
 from scheduler.planner import STRATEGIES, make_plan
 from scheduler.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
@@ -39,7 +40,10 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
     parser.add_argument(
-        "--model", metavar="PRESET", help=f"model preset with --cluster: {', '.join(PRESETS)}"
+        "--model",
+        metavar="PRESET",
+        help=f"with --cluster: a preset ({', '.join(PRESETS)}) or a Hugging Face "
+        "config.json or model directory",
     )
     parser.add_argument("--profile", metavar="FILE", help="measured or saved profile (JSON)")
     parser.add_argument(
@@ -74,7 +78,7 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
     if not args.model:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
     cluster = load_cluster(args.cluster)
-    profile = analytic_profile(cluster, get_preset(args.model), efficiency=args.efficiency)
+    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=args.efficiency)
     shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
     return profile, f"cluster {cluster.name}, analytic roofline at {shares} of peak"
 

@@ -24,7 +24,8 @@ from typing import Any
 from api.commands.plan import format_table
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, get_preset
+from scheduler.hf_config import resolve_model
+from scheduler.models import PRESETS
 from scheduler.profile import Profile
 
 
@@ -42,7 +43,10 @@ def add_parser(subparsers: Any) -> None:
         help="cluster spec (YAML); required unless --ray-address",
     )
     parser.add_argument(
-        "--model", metavar="PRESET", required=True, help=f"model preset: {', '.join(PRESETS)}"
+        "--model",
+        metavar="PRESET",
+        required=True,
+        help=f"model preset ({', '.join(PRESETS)}) or a Hugging Face config.json or directory",
     )
     parser.add_argument(
         "-o",
@@ -64,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    preset = get_preset(args.model)
+    preset = resolve_model(args.model)
     from workers.model import check_trainable
 
     check_trainable(preset)  # before starting Ray: a llama preset cannot train here

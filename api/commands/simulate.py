@@ -33,7 +33,8 @@ from api.services import check_simulated_fit
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
 from scheduler.faults import parse_fault
-from scheduler.models import PRESETS, ModelPreset, get_preset
+from scheduler.hf_config import resolve_model
+from scheduler.models import PRESETS, ModelPreset
 from scheduler.plan import DP_STRATEGIES
 from scheduler.planner import STRATEGIES
 from scheduler.profile import Profile
@@ -63,7 +64,8 @@ def add_parser(subparsers: Any) -> None:
         "--model",
         metavar="PRESET",
         default="gpt-tiny",
-        help=f"model preset (default %(default)s): {', '.join(PRESETS)}",
+        help=f"model preset (default %(default)s): {', '.join(PRESETS)}; or a Hugging "
+        "Face config.json or model directory",
     )
     parser.add_argument(
         "--global-batch",
@@ -311,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
             cluster,
             simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
         )
-    preset = get_preset(args.model)
+    preset = resolve_model(args.model)
     from workers.model import check_trainable
 
     check_trainable(preset)  # before starting Ray: a llama preset cannot train here

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from scheduler.errors import HetschedError
-from scheduler.models import get_preset
 from tests.workers.conftest import TINY
 from workers.data import DEFAULT_CORPUS, ByteDataset
 from workers.model import GPT, lm_loss_sum
@@ -76,8 +75,3 @@ def test_initial_loss_is_that_of_a_uniform_guess() -> None:
     )
     loss = lm_loss_sum(model(x), y) / y.numel()
     assert loss.item() == pytest.approx(torch.log(torch.tensor(256.0)).item(), abs=0.15)
-
-
-def test_llama_presets_are_rejected_for_training_with_a_clear_error() -> None:
-    with pytest.raises(HetschedError, match="llama-7b is a llama preset; the trainer builds"):
-        GPT(get_preset("llama-7b"), seed=0)

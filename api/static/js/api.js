@@ -35,15 +35,16 @@ export function errorLine(status, body) {
   return `request failed with HTTP ${status}`;
 }
 
-export async function request(method, path, body) {
+/** A JSON request, or with ``contentType`` the body (a File, say) sent as it is. */
+export async function request(method, path, body, contentType) {
   const headers = { Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (body !== undefined) headers["Content-Type"] = contentType || "application/json";
   const token = getToken();
   if (token && method !== "GET") headers.Authorization = `Bearer ${token}`;
   let response;
   try {
     response = await fetch(API + path, {
-      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+      method, headers, body: body === undefined || contentType ? body : JSON.stringify(body),
     });
   } catch (err) {
     throw new ApiError(0, "cannot reach the control plane");
@@ -60,3 +61,5 @@ export async function request(method, path, body) {
 export const get = (path) => request("GET", path);
 export const post = (path, body) => request("POST", path, body ?? {});
 export const del = (path) => request("DELETE", path);
+export const uploadDataset = (file) =>
+  request("POST", `/datasets?name=${encodeURIComponent(file.name)}`, file, "application/octet-stream");

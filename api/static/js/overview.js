@@ -1,7 +1,7 @@
 // The overview page: the cluster, the submit form (with a plan preview) and
 // the job list. Refreshed by polling while it is on screen.
 
-import { ApiError, del, get, getToken, post, setToken } from "./api.js";
+import { ApiError, del, get, getToken, post, setToken, uploadDataset } from "./api.js";
 import { esc, fmtBytes, fmtRate, fmtSeconds, fmtTime, isNum } from "./format.js";
 import { planSummary, renderPlan } from "./plan.js";
 import { TERMINAL } from "./states.js";
@@ -238,6 +238,7 @@ export function setupForm(navigate) {
       } catch (err) { formError(err); }
     });
   });
+  $("f-dataset-file").addEventListener("change", (event) => uploadFiles(event.target));
   $("jobs-filter").addEventListener("change", () => refreshJobs().catch(() => {}));
   $("jobs-table").addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-action]");
@@ -249,4 +250,24 @@ export function setupForm(navigate) {
       await refreshJobs();
     } catch (err) { formError(err); }
   });
+}
+
+// Sidecars and tokenizers go first: the server checks a .bin against its sidecar.
+async function uploadFiles(input) {
+  formError(null);
+  const files = [...input.files].sort((a, b) => Number(!a.name.endsWith(".json")) - Number(!b.name.endsWith(".json")));
+  const done = [];
+  try {
+    for (const file of files) done.push((await uploadDataset(file)).name);
+  } catch (err) { formError(err); }
+  input.value = "";
+  if (!done.length) return;
+  await loadOptions();
+  const dataset = done.filter((n) => n.endsWith(".txt") || n.endsWith(".bin")).pop();
+  if (dataset) $("f-dataset").value = dataset;
+  const box = $("form-error");
+  if (!box.textContent) {
+    box.classList.add("form-ok");
+    box.textContent = `Uploaded ${done.join(", ")}.`;
+  }
 }

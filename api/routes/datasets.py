@@ -1,0 +1,202 @@
+"""``/api/v1/datasets``: upload datasets into the server's data directory, and list them.
+
+    POST /api/v1/datasets?name=notes.bin.json   the sidecar first (application/json body)
+    POST /api/v1/datasets?name=notes.bin        then the token ids (raw body)
+    POST /api/v1/datasets?name=book.txt         or a text file (byte tokens)
+    GET  /api/v1/datasets                       what jobs may name as ``dataset``
+
+The body is the file itself, streamed to a hidden temporary file inside the
+data directory and counted against ``HETSCHED_MAX_UPLOAD_BYTES`` (413 past
+it). A name is one plain file name (letters, digits, ``._-``; no path
+separator, no ``..``) ending in ``.txt``, ``.bin``, ``.bin.json`` or
+``.tokenizer.json``. The file is checked (a sidecar parses, a ``.bin`` has its
+sidecar and holds whole tokens below its vocabulary, a tokenizer is JSON) and
+only then linked under its name, which fails if the name exists (409): an
+upload never replaces or loses a file, and a failed one leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from pydantic import BaseModel
+
+from api.deps import Auth, StateDep
+from api.schemas import ErrorPublic
+from api.services import list_datasets
+from scheduler.errors import HetschedError
+from workers.datafile import (
+    DEFAULT_CORPUS,
+    check_token_ids,
+    describe_file,
+    parse_sidecar,
+    sidecar_path,
+)
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+UPLOAD_SUFFIXES = (".bin.json", ".tokenizer.json", ".txt", ".bin")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_CHUNK_BYTES = 1 << 20
+
+
+class DatasetPublic(BaseModel):
+    name: str
+    kind: Literal["bytes", "tokens", "sidecar", "tokenizer"]
+    size_bytes: int
+    num_tokens: int | None = None
+    vocab_size: int | None = None
+    tokenizer: str | None = None
+    problem: str | None = None
+    """Why a listed file cannot train (a ``.bin`` without its sidecar, say)."""
+
+
+class DatasetsPublic(BaseModel):
+    data: list[DatasetPublic]
+    count: int
+
+
+def _describe(name: str, path: Path) -> DatasetPublic:
+    size = path.stat().st_size
+    if name.endswith(".bin.json"):
+        return DatasetPublic(name=name, kind="sidecar", size_bytes=size)
+    if name.endswith(".tokenizer.json"):
+        return DatasetPublic(name=name, kind="tokenizer", size_bytes=size)
+    try:
+        info = describe_file(path)
+    except HetschedError as exc:
+        return DatasetPublic(
+            name=name, kind="tokens", size_bytes=size, problem=str(exc).removeprefix("dataset: ")
+        )
+    return DatasetPublic(
+        name=name,
+        kind=info.kind,
+        size_bytes=size,
+        num_tokens=info.num_tokens,
+        vocab_size=info.vocab_size,
+        tokenizer=info.tokenizer,
+    )
+
+
+@router.get("", response_model=DatasetsPublic)
+def read_datasets(state: StateDep) -> DatasetsPublic:
+    """Every dataset a job may name; ``default`` is the bundled corpus."""
+    root = state.settings.data_dir.resolve()
+    data = [
+        _describe(name, DEFAULT_CORPUS if name == "default" else root / name)
+        for name in list_datasets(root)
+    ]
+    return DatasetsPublic(data=data, count=len(data))
+
+
+def _bad(detail: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT) -> HTTPException:
+    return HTTPException(code, detail)
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise _bad(
+            f"name: {name[:60]!r} is not a plain file name (letters, digits, '._-', "
+            "no path separators, no '..', at most 128 characters)"
+        )
+    if not name.endswith(UPLOAD_SUFFIXES):
+        raise _bad(f"name: {name!r} must end in one of {', '.join(UPLOAD_SUFFIXES)}")
+
+
+def _check_content(name: str, part: Path, root: Path) -> None:
+    """Refuse a file that could not serve as what its name says (422)."""
+    try:
+        if name.endswith(".bin.json"):
+            parse_sidecar(json.loads(part.read_text()), where=name)
+        elif name.endswith(".tokenizer.json"):
+            if not isinstance(json.loads(part.read_text()), dict):
+                raise _bad(f"{name}: a tokenizer file must hold a JSON object")
+        elif name.endswith(".bin"):
+            sidecar = sidecar_path(root / name)
+            if not sidecar.is_file():
+                raise _bad(f"{name}: upload its sidecar {sidecar.name} first")
+            os.link(sidecar, sidecar_path(part))  # the checks read the sidecar beside the data
+            try:
+                check_token_ids(part)
+            finally:
+                sidecar_path(part).unlink()
+        elif part.stat().st_size == 0:
+            raise _bad(f"{name}: the file is empty")
+    except HetschedError as exc:  # before ValueError, which it is
+        detail = str(exc).removeprefix("dataset: ").replace(part.name, name)
+        raise _bad(f"{name}: {detail}" if not detail.startswith(name) else detail) from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"{name}: not valid JSON: {exc}") from exc
+
+
+@router.post(
+    "",
+    response_model=DatasetPublic,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Auth],
+    responses={
+        401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+        409: {"model": ErrorPublic, "description": "A file of that name exists"},
+        413: {"model": ErrorPublic, "description": "Larger than HETSCHED_MAX_UPLOAD_BYTES"},
+    },
+    # The body is the file itself, streamed: documented here, read from the request.
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def upload_dataset(
+    request: Request,
+    state: StateDep,
+    name: str = Query(
+        description="file name: NAME.txt, NAME.bin, NAME.bin.json, NAME.tokenizer.json"
+    ),
+) -> DatasetPublic:
+    """Store the request body as ``name`` in the data directory (see the module docstring)."""
+    _check_name(name)
+    limit = state.settings.max_upload_bytes
+    root = state.settings.data_dir.resolve()
+    final = root / name
+    if final.exists():
+        raise _bad(f"name: {name!r} exists; uploads never replace a file", status.HTTP_409_CONFLICT)
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _bad(
+            f"body: {int(declared):,} bytes exceed the upload limit of {limit:,}",
+            status.HTTP_413_CONTENT_TOO_LARGE,
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    part = root / f".upload-{secrets.token_hex(8)}.part"
+    try:
+        size = 0
+        with part.open("wb") as out:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _bad(
+                        f"body: more than the upload limit of {limit:,} bytes",
+                        status.HTTP_413_CONTENT_TOO_LARGE,
+                    )
+                out.write(chunk)
+        _check_content(name, part, root)
+        try:
+            os.link(part, final)  # fails if the name appeared meanwhile: nothing is replaced
+        except FileExistsError as exc:
+            raise _bad(
+                f"name: {name!r} exists; uploads never replace a file", status.HTTP_409_CONFLICT
+            ) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
+    return _describe(name, final)
