@@ -87,7 +87,7 @@ class JobRunner:
         )
 
         spec, store = job.spec, self.store
-        model = model_from_ref(spec.model)
+        model = model_from_ref(spec.model, data_dir=self.settings.data_dir)
         store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
         profile = self.profiler.measure(model, live.devices)
         plan = make_plan(profile, spec.global_batch, spec.strategy)
@@ -95,7 +95,13 @@ class JobRunner:
         if live.stop.is_set():
             return None
         restore = self._restore(job, resume=resume)
-        dataset = resolve_dataset(self.settings.data_dir, spec.dataset, seq_len=model.seq_len)
+        dataset = resolve_dataset(
+            self.settings.data_dir,
+            spec.dataset,
+            seq_len=model.seq_len,
+            vocab_size=model.vocab_size,
+            global_batch=spec.global_batch,
+        )
         opt = spec.optimizer
         optimizer = OptimizerConfig(
             lr=opt.lr,

@@ -12,7 +12,9 @@ store so ``GET /profiles`` and the dashboard can show it.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import socket
 import tarfile
@@ -31,7 +33,7 @@ from scheduler.capacity import usable_capacity_bytes
 from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError, PlanError
 from scheduler.hf_config import is_path_ref, load_hf_config
-from scheduler.models import ModelPreset, get_preset
+from scheduler.models import ModelPreset, get_preset, preset_to_dict
 from scheduler.plan import Plan
 from scheduler.planner import make_plan
 from scheduler.profile import Profile, analytic_profile, profile_from_dict
@@ -193,11 +195,9 @@ def _inside(data_dir: Path, name: str, *, what: str) -> Path:
 
 
 def model_key(model: ModelPreset) -> str:
-    """Names a model uniquely (custom dimensions included) for cache keys."""
-    return (
-        f"{model.name}:{model.family}:{model.num_layers}x{model.d_model}h{model.num_heads}"
-        f"f{model.d_ff}v{model.vocab_size}s{model.seq_len}"
-    )
+    """Names a model uniquely (every field of its description) for cache keys."""
+    digest = hashlib.sha256(json.dumps(preset_to_dict(model), sort_keys=True).encode())
+    return f"{model.name}:{model.family}:{digest.hexdigest()[:16]}"
 
 
 def check_devices(handle: ClusterHandle, device_ids: list[str] | None) -> list[str]:

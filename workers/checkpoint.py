@@ -21,7 +21,8 @@ checkpoint stays the latest. ``keep_last`` complete checkpoints are kept.
 
 Names: the tied GPT head (``head.weight``) is the token embedding
 (``embed.wte.weight``) and is stored once under that name; a pipeline stage
-that holds a copy of it loads it from there.
+that holds a copy of it loads it from there. (Llama's head, ``output.weight``,
+is a parameter of its own.)
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from workers.checkpoint import load_part, part_tensors, write_part
-from workers.data import ByteDataset
+from workers.data import open_dataset
 from workers.devices import TorchDevice
-from workers.model import GPT, lm_loss_sum
+from workers.model import lm_loss_sum
+from workers.models import build_model
 from workers.records import DeviceStep, RankStep
 from workers.spec import RankSpec, RunSpec
 
@@ -93,7 +94,7 @@ class Engine(ABC):
     def __init__(self, run: RunSpec, rank: RankSpec, device: TorchDevice) -> None:
         self.run, self.rank, self.device = run, rank, device
         role = rank.stage
-        self.model = GPT(
+        self.model = build_model(
             run.preset,
             seed=run.seed,
             first=role.first if role else 0,
@@ -104,7 +105,7 @@ class Engine(ABC):
         self.dtype = getattr(torch, run.dtype)
         self.model.to(device=device.torch_device, dtype=self.dtype)
         set_recompute(self.model, rank.recompute)
-        self.data = ByteDataset(
+        self.data = open_dataset(
             run.dataset, seq_len=run.preset.seq_len, vocab_size=run.preset.vocab_size
         )
         self.loss_scale = 1.0 / (run.global_batch * run.preset.seq_len)

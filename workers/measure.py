@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from scheduler.models import ModelPreset
 from workers.calibration import fit_line
@@ -42,7 +43,8 @@ from workers.data import ByteDataset
 from workers.devices import SimulatedDevice, TorchDevice, model_state_bytes
 from workers.engine import micro_batches, set_recompute
 from workers.errors import DeviceOutOfMemory
-from workers.model import GPT, lm_loss_sum
+from workers.model import lm_loss_sum
+from workers.models import build_model
 from workers.pacing import with_recompute
 
 TIMING_SIZES = (1, 2, 4, 8, 16)
@@ -77,7 +79,7 @@ class Measurement:
         self.preset = preset
         self.data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
 
-    def _loss_fn(self, model: GPT, m: int, step: int) -> Callable[[], torch.Tensor]:
+    def _loss_fn(self, model: nn.Module, m: int, step: int) -> Callable[[], torch.Tensor]:
         x, y = self.data.device_batch(seed=0, step=step, global_batch=m, offset=0, samples=m)
         ((x, y),) = micro_batches(
             x.to(self.device.torch_device), y.to(self.device.torch_device), [m]
@@ -90,7 +92,7 @@ class Measurement:
 
         return loss
 
-    def _need(self, model: GPT, m: int) -> int:
+    def _need(self, model: nn.Module, m: int) -> int:
         """Peak bytes of a micro-batch of ``m`` (the device's count even when it does not fit)."""
         try:
             return self.device.run_micro_batch(
@@ -102,7 +104,7 @@ class Measurement:
     def run(self) -> DeviceFigures:
         capacity = self.device.capacity_bytes
         try:
-            model = GPT(self.preset, seed=0).to(self.device.torch_device)
+            model = build_model(self.preset, seed=0).to(self.device.torch_device)
             static, optimizer = self._static_bytes(model)
         except torch.OutOfMemoryError:
             return self._no_fit(capacity)
@@ -138,7 +140,7 @@ class Measurement:
             return 0.0, times[0]
         return fit_line([float(m) for m in sizes], times)
 
-    def _with_recompute(self, model: GPT, static: int, mode: str) -> dict[str, float]:
+    def _with_recompute(self, model: nn.Module, static: int, mode: str) -> dict[str, float]:
         """Memory and time of a micro-batch when the model recomputes as ``mode`` says."""
         set_recompute(model, mode)
         plain = getattr(self.device, "pacing", None)
@@ -168,7 +170,7 @@ class Measurement:
             max_micro_batch=0,
         )
 
-    def _static_bytes(self, model: GPT) -> tuple[int, Any]:
+    def _static_bytes(self, model: nn.Module) -> tuple[int, Any]:
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         if self.device.torch_device.type != "cuda":
@@ -179,7 +181,7 @@ class Measurement:
         torch.cuda.synchronize(self.device.torch_device)
         return int(torch.cuda.memory_allocated(self.device.torch_device)), optimizer
 
-    def _largest_fit(self, model: GPT, static: int, per_sample: int) -> int:
+    def _largest_fit(self, model: nn.Module, static: int, per_sample: int) -> int:
         """The largest micro-batch that fits, checked by running it (module docstring)."""
         max_m = max(0, (self.device.capacity_bytes - static) // per_sample)
         if isinstance(self.device, SimulatedDevice):
@@ -197,7 +199,7 @@ class Measurement:
                 max_m = check
         return 0
 
-    def _time(self, model: GPT, m: int) -> float:
+    def _time(self, model: nn.Module, m: int) -> float:
         """Median device time of a micro-batch of ``m`` after a warm-up.
 
         Runs whose real compute overran a simulated device's target (another

@@ -161,7 +161,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-TRAINABLE_FAMILIES = ("gpt",)
+TRAINABLE_FAMILIES = ("gpt", "llama")
 """Families the runtimes build; "llama" joins once they build through
 workers.models.build_model."""
 

@@ -40,9 +40,9 @@ from workers.devices import SimulatedDevice, TorchDevice
 from workers.distributed import new_group
 from workers.engine import Engine, micro_batches
 from workers.model import lm_loss_sum
+from workers.models import piece_of_param
 from workers.records import RankStep
 from workers.spec import RankSpec, RunSpec
-from workers.stages import piece_of_param
 
 
 class PipelineEngine(Engine):
@@ -59,8 +59,10 @@ class PipelineEngine(Engine):
             if rank.rank in ranks:
                 params = [
                     p
-                    for n, p in sorted(named.items(), key=lambda kv: (piece_of_param(kv[0]), kv[0]))
-                    if piece_of_param(n) in pieces
+                    for n, p in sorted(
+                        named.items(), key=lambda kv: (piece_of_param(run.preset, kv[0]), kv[0])
+                    )
+                    if piece_of_param(run.preset, n) in pieces
                 ]
                 self.mine.append((group, params))
                 if rank.rank != min(ranks):

@@ -37,7 +37,6 @@ from workers.calibration import HostCalibration, default_cache_dir
 from workers.devices import TorchDevice
 from workers.errors import WorkerError
 from workers.layer_profile import host_layers, measure_layers
-from workers.model import GPT
 from workers.pacing import Pacing, no_pacing, simulated_pacing
 from workers.pool import WorkerPool
 
@@ -179,7 +178,7 @@ def profile_devices(
             for key, out in zip(todo, measured, strict=True):
                 results[key] = out
                 (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
-        gradient_bytes = 4 * (GPT(preset, seed=0).num_params() + 1)
+        gradient_bytes = 4 * (preset.num_params + 1)
         links = cluster.links if simulated else _measure_links(pool, cluster, ids, gradient_bytes)
     finally:
         if own_pool:

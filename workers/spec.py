@@ -132,7 +132,7 @@ def make_ranks(
     """The rank specs of ``plan``'s active devices (data-parallel or pipeline alike)."""
     if not plan.active:
         raise WorkerError("plan: no device has any samples")
-    roles = _stage_roles(plan) if needs_pipeline(plan) else [(d, None) for d in plan.active]
+    roles = _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
     pieces = None
     ranks = []
     for rank, (d, role) in enumerate(roles):
@@ -164,10 +164,10 @@ def make_ranks(
     return ranks
 
 
-def _stage_roles(plan: Plan) -> list[tuple[DevicePlan, StageRole]]:
+def _stage_roles(plan: Plan, preset: ModelPreset) -> list[tuple[DevicePlan, StageRole]]:
     """Each active device of a pipeline plan in rank order, with its stage role."""
     stages = ordered_stages(plan)
-    groups = tuple(sync_groups(stages))
+    groups = tuple(sync_groups(stages, preset))
     num_stages: dict[int, int] = {}
     for d in stages:
         num_stages[d.pipeline or 0] = max(num_stages.get(d.pipeline or 0, 0), (d.stage or 0) + 1)

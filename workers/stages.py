@@ -10,22 +10,13 @@ the same on every rank.
 
 from __future__ import annotations
 
+from scheduler.models import ModelPreset
 from scheduler.plan import DevicePlan, Plan
 from workers.errors import WorkerError
+from workers.models import stage_pieces
 
 SyncGroup = tuple[tuple[int, ...], tuple[str, ...]]
 """Ranks holding the same pieces, and those pieces' names."""
-
-
-def piece_of_param(name: str) -> str:
-    """The piece a stage module's parameter belongs to (its global name)."""
-    if name in ("embed.wte.weight", "head.weight"):
-        return "wte"
-    if name.startswith("embed."):
-        return "wpe"
-    if name.startswith("blocks."):
-        return f"block{name.split('.')[1]}"
-    return "ln_f"
 
 
 def ordered_stages(plan: Plan) -> list[DevicePlan]:
@@ -59,29 +50,23 @@ def ordered_stages(plan: Plan) -> list[DevicePlan]:
     return active
 
 
-def pieces_of(d: DevicePlan, *, is_first: bool, is_last: bool) -> list[str]:
-    """Names of the model pieces a stage holds.
+def sync_groups(stages: list[DevicePlan], preset: ModelPreset) -> list[SyncGroup]:
+    """One all-reduce per distinct set of holders of some pieces (module docstring).
 
-    >>> pieces_of(DevicePlan(id="a/0", samples=1, micro_batch=1, accum_steps=1, busy_s=0,
-    ...                      peak_bytes=0, layers=(0, 2)), is_first=True, is_last=False)
-    ['wte', 'wpe', 'block0', 'block1']
+    The pieces a stage holds are its family's (:func:`workers.models.stage_pieces`).
     """
-    assert d.layers is not None
-    out = ["wte", "wpe"] if is_first else []
-    out += [f"block{i}" for i in range(*d.layers)]
-    if is_last:
-        out += ["ln_f"] if is_first else ["wte", "ln_f"]
-    return out
-
-
-def sync_groups(stages: list[DevicePlan]) -> list[SyncGroup]:
-    """One all-reduce per distinct set of holders of some pieces (module docstring)."""
     last_stage: dict[int, int] = {}
     for d in stages:
         last_stage[d.pipeline or 0] = max(last_stage.get(d.pipeline or 0, 0), d.stage or 0)
     holders: dict[str, list[int]] = {}
     for rank, d in enumerate(stages):
-        pieces = pieces_of(d, is_first=d.stage == 0, is_last=d.stage == last_stage[d.pipeline or 0])
+        assert d.layers is not None
+        pieces = stage_pieces(
+            preset,
+            layers=d.layers,
+            is_first=d.stage == 0,
+            is_last=d.stage == last_stage[d.pipeline or 0],
+        )
         for piece in dict.fromkeys(pieces):
             holders.setdefault(piece, []).append(rank)
     groups: dict[tuple[int, ...], list[str]] = {}

@@ -37,7 +37,7 @@ def read_cluster(state: StateDep) -> ClusterPublic:
 )
 def profile_cluster(spec: ProfileCreate, state: StateDep) -> ProfilePublic:
     """Measure the devices for a model (cached unless ``refresh``)."""
-    model = model_from_ref(spec.model)
+    model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     device_ids = check_devices(state.handle, spec.devices)
     if not state.handle.available:
         raise HTTPException(

@@ -63,10 +63,16 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
         if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(existing)
-    model = model_from_ref(spec.model)
+    model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     check_trainable(model)
     device_ids = check_devices(state.handle, spec.devices)
-    resolve_dataset(state.settings.data_dir, spec.dataset, seq_len=model.seq_len)
+    resolve_dataset(
+        state.settings.data_dir,
+        spec.dataset,
+        seq_len=model.seq_len,
+        vocab_size=model.vocab_size,
+        global_batch=spec.global_batch,
+    )
     if state.handle.simulated and state.handle.cluster is not None:
         check_simulated_fit(state.handle.cluster, model, device_ids)
     job, created = state.store.create_job(

@@ -27,7 +27,7 @@ def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     Uses the latest measurement of the model on these devices, measures them
     when they are idle, and otherwise (or without a cluster) the GPU catalogue.
     """
-    model = model_from_ref(spec.model)
+    model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     device_ids = check_devices(state.handle, spec.devices)
     busy = set(state.executor.busy_devices()) if state.executor else set()
     plan, source = dry_run(

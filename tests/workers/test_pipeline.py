@@ -98,12 +98,12 @@ HYBRID = pipeline_plan(
 
 
 def test_sync_groups_pair_the_holders_of_each_piece():
-    groups = dict((pieces, ranks) for ranks, pieces in sync_groups(ordered_stages(HYBRID)))
+    groups = dict((pieces, ranks) for ranks, pieces in sync_groups(ordered_stages(HYBRID), TINY))
     # tied embedding: a/0 (embedding), a/1 (head copy), a/2 (both)
     assert groups[("wte",)] == (0, 1, 2)
     assert groups[("wpe", "block0", "block1")] == (0, 2)
     assert groups[("block2", "block3", "ln_f")] == (1, 2)
-    assert sync_groups(ordered_stages(PP)) == [((0, 2), ("wte",))]
+    assert sync_groups(ordered_stages(PP), TINY) == [((0, 2), ("wte",))]
 
 
 @pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
