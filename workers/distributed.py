@@ -2,8 +2,10 @@
 
 As Ray Train's torch backend does: rank 0 names an address and a free port on
 its node (:func:`free_port`), every rank joins with :func:`join_group`, and
-:func:`leave_group` destroys what the rank joined, so a warm actor can join
-the next job's group. The backend follows the device: gloo on the CPU (the
+:func:`leave_group` destroys what the rank joined. A warm worker keeps its
+group between runs: the next run on the same devices, ranks in the same
+order, reuses it (:func:`workers.driver.form_group`), any other run's
+:func:`join_group` leaves it first. The backend follows the device: gloo on the CPU (the
 simulation), nccl on CUDA. With nccl the default group is bound to the
 rank's GPU (``device_id``), which makes NCCL create communicators eagerly,
 at setup, for the default group and for every subgroup split from it; lazy

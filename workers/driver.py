@@ -65,12 +65,21 @@ def step_timeout_s(plan: Plan) -> float:
 def form_group(
     actors: Sequence[Any], ids: Sequence[str], run: RunSpec, ranks: Sequence[RankSpec]
 ) -> None:
-    """Hand rank 0's address and port to every rank and join the run."""
+    """Hand rank 0's address and port to every rank and join the run.
+
+    When every worker is still in the group of exactly these devices in this
+    rank order (the previous run was on the same devices), they keep it.
+    """
+    key = tuple(ids)
+    groups = gather(
+        [a.group.remote() for a in actors], ids, timeout_s=SETUP_TIMEOUT_S, what="group"
+    )
+    reuse = all(g == key for g in groups)
     addr, port = gather(
         [actors[0].rendezvous.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="rendezvous"
     )[0]
     gather(
-        [a.join.remote(run, r, addr, port) for a, r in zip(actors, ranks, strict=True)],
+        [a.join.remote(run, r, addr, port, key, reuse) for a, r in zip(actors, ranks, strict=True)],
         ids,
         timeout_s=SETUP_TIMEOUT_S,
         what="process-group setup",

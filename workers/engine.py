@@ -145,6 +145,10 @@ class Engine(ABC):
                         p.grad.mul_(factor)
         self.optimizer.step()
 
+    def close(self) -> None:
+        """Release what the engine holds beyond its tensors (subgroups); the run ended."""
+        return None
+
     @abstractmethod
     def grad_sq_norm(self) -> float:
         """The squared norm of the whole model's summed gradient (the same on every rank)."""

@@ -30,6 +30,7 @@ pacing; a real GPU posts the last send first and then the collectives.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -200,6 +201,13 @@ class PipelineEngine(Engine):
             wait_s=max(wall - usage.busy_s, 0.0),
             peak_bytes=usage.peak_bytes,
         )
+
+    def close(self) -> None:
+        """Destroy this run's subgroups: the default group may serve the next run."""
+        for group in [g for g, _ in self.mine] + [self.loss_group]:
+            with contextlib.suppress(Exception):  # a peer that died must not stop the cleanup
+                dist.destroy_process_group(group)
+        self.mine = []
 
     def grad_sq_norm(self) -> float:
         """Each rank's share of the squared norm, summed over the whole group."""

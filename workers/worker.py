@@ -62,6 +62,7 @@ class DeviceWorker:
         self.device_id = device_id
         self.simulated = simulated
         self.engine: Engine | None = None
+        self.group_key: tuple[str, ...] | None = None
         self.slowdown = 1.0
         """An injected slow-down of this simulated device, kept across runs until changed."""
 
@@ -75,8 +76,25 @@ class DeviceWorker:
     def rendezvous(self) -> tuple[str, int]:
         return free_port()
 
-    def join(self, run: RunSpec, rank: RankSpec, master_addr: str, master_port: int) -> None:
-        """Join ``run`` as ``rank``: its process group, then its model and optimizer."""
+    def group(self) -> tuple[str, ...] | None:
+        """The device ids, in rank order, of the process group this worker is in."""
+        return self.group_key if dist.is_initialized() else None
+
+    def join(
+        self,
+        run: RunSpec,
+        rank: RankSpec,
+        master_addr: str,
+        master_port: int,
+        group_key: tuple[str, ...] = (),
+        reuse_group: bool = False,
+    ) -> None:
+        """Join ``run`` as ``rank``: its process group, then its model and optimizer.
+
+        With ``reuse_group`` (the driver saw every rank in the group ``group_key``
+        already: the same devices, ranks in the same order) the group is kept,
+        which spares a job on the same devices the group's formation.
+        """
         self.leave()
         device = make_device(
             self.device_id,
@@ -84,13 +102,15 @@ class DeviceWorker:
             capacity_bytes=rank.capacity_bytes,
             pacing=rank.pacing,
         )
-        join_group(
-            device=device.torch_device,
-            master_addr=master_addr,
-            master_port=master_port,
-            rank=rank.rank,
-            world_size=rank.world_size,
-        )
+        if not (reuse_group and self.group() == group_key):
+            join_group(
+                device=device.torch_device,
+                master_addr=master_addr,
+                master_port=master_port,
+                rank=rank.rank,
+                world_size=rank.world_size,
+            )
+            self.group_key = group_key
         engine_cls = DataParallelEngine if rank.stage is None else PipelineEngine
         self.engine = engine_cls(run, rank, device)
         self.set_slowdown(self.slowdown)
@@ -187,9 +207,11 @@ class DeviceWorker:
             leave_group()
 
     def leave(self) -> None:
-        """Drop the run's engine and process group; the worker stays warm."""
+        """Drop the run's engine; the worker stays warm, and so does its process group
+        (the next run on the same devices reuses it; any other forms its own)."""
+        if self.engine is not None:
+            self.engine.close()
         self.engine = None
-        leave_group()
         gc.collect()
         if not self.simulated and torch.cuda.is_available():
             torch.cuda.empty_cache()
