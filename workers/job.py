@@ -88,7 +88,7 @@ def train_job(
     steps: int,
     ranks_of: Callable[[Plan], Sequence[RankSpec]],
     replan: Callable[[set[str]], Plan],
-    checkpointing: Checkpointing,
+    checkpointing: Checkpointing | None,
     max_failures: int = 3,
     restore: CheckpointInfo | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
@@ -98,12 +98,14 @@ def train_job(
     faults: FaultInjector | None = None,
     replanner: Replanner | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
+    keep_state: bool = False,
 ) -> TrainResult:
     """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
 
     ``ranks_of(plan)`` builds a plan's rank specs; ``replan(lost)`` plans the
     same global batch without the ``lost`` devices (it raises when nothing is
-    left). ``faults`` and ``replanner`` go to every run (:func:`workers.driver.run`);
+    left). Without ``checkpointing`` nothing is recovered and a re-plan happens only
+    in place. ``faults`` and ``replanner`` go to every run (:func:`workers.driver.run`);
     a re-plan that needs a restart goes on from the checkpoint written where it
     was decided. Returns the result over every step, one record per step.
     """
@@ -144,16 +146,17 @@ def train_job(
                 faults=faults,
                 replanner=replanner,
                 on_replan=on_replan,
+                keep_state=keep_state,
             )
             stopped = result.stopped
-            if result.next_plan is None:
+            if result.next_plan is None or checkpointing is None:
                 break
             plan = result.next_plan  # a re-plan through the checkpoint just written
             restore = CheckpointStore(checkpointing.root).latest()
         except WorkerError as exc:
             noticed, noticed_s = time.monotonic(), time.time()
             failed_step = last_step + 1
-            if is_recurring(exc):
+            if is_recurring(exc) or checkpointing is None:
                 raise
             failures.append(f"step {failed_step}: {exc}")
             if len(failures) > max_failures:
@@ -184,4 +187,5 @@ def train_job(
         step_times_s=[m.step_s for m in history],
         devices=median_devices(final_plan_steps),
         stopped=stopped,
+        state=result.state,
     )

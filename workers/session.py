@@ -36,7 +36,6 @@ from scheduler.models import ModelPreset
 from scheduler.plan import Plan
 from scheduler.profile import Profile
 from scheduler.replan import ReplanDecision
-from workers import driver
 from workers.actors import start_local_ray
 from workers.calibration import default_cache_dir
 from workers.checkpoint import CheckpointInfo, CheckpointStore
@@ -242,23 +241,6 @@ def train(
     injector = FaultInjector(faults, pool) if faults else None
     replanner = Replanner(live) if live is not None else None
     try:
-        if checkpointing is None:
-            start = restore.step + 1 if restore is not None else 0
-            return driver.run(
-                pool,
-                run_spec=run_spec,
-                ranks=ranks_of(plan),
-                plan=plan,
-                steps=max(0, steps - start),
-                start_step=start,
-                restore=restore,
-                on_step=on_step,
-                should_stop=should_stop,
-                keep_state=keep_state,
-                faults=injector,
-                replanner=replanner,
-                on_replan=on_replan,
-            )
         return train_job(
             pool,
             run_spec=run_spec,
@@ -276,6 +258,7 @@ def train(
             faults=injector,
             replanner=replanner,
             on_replan=on_replan,
+            keep_state=keep_state,
         )
     finally:
         if own_pool:
