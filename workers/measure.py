@@ -29,8 +29,9 @@ profile.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,6 @@ from workers.engine import micro_batches, set_recompute
 from workers.errors import DeviceOutOfMemory
 from workers.model import lm_loss_sum
 from workers.models import build_model
-from workers.pacing import with_recompute
 
 TIMING_SIZES = (1, 2, 4, 8, 16)
 TIMING_REPEATS = 3
@@ -92,12 +92,26 @@ class Measurement:
 
         return loss
 
+    @contextlib.contextmanager
+    def _unpaced(self) -> Iterator[None]:
+        """Memory checks need no pacing: a simulated device counts before it sleeps."""
+        device = self.device
+        if not isinstance(device, SimulatedDevice):
+            yield
+            return
+        slowdown, device.slowdown = device.slowdown, 0.0
+        try:
+            yield
+        finally:
+            device.slowdown = slowdown
+
     def _need(self, model: nn.Module, m: int) -> int:
         """Peak bytes of a micro-batch of ``m`` (the device's count even when it does not fit)."""
         try:
-            return self.device.run_micro_batch(
-                self._loss_fn(model, m, 0), model=model, micro_batch=m
-            ).peak_bytes
+            with self._unpaced():
+                return self.device.run_micro_batch(
+                    self._loss_fn(model, m, 0), model=model, micro_batch=m
+                ).peak_bytes
         except DeviceOutOfMemory as exc:
             return exc.need_bytes
 
@@ -123,7 +137,8 @@ class Measurement:
         fixed_s, per_sample_s = self._fit(sizes, times)
         recompute = None
         if max_m >= 1:
-            recompute = {mode: self._with_recompute(model, static, mode) for mode in RECOMPUTE}
+            plain = (fixed_s, per_sample_s)
+            recompute = {m: self._with_recompute(model, static, m, plain) for m in RECOMPUTE}
         return DeviceFigures(
             capacity_bytes=capacity,
             static_bytes=static,
@@ -140,23 +155,27 @@ class Measurement:
             return 0.0, times[0]
         return fit_line([float(m) for m in sizes], times)
 
-    def _with_recompute(self, model: nn.Module, static: int, mode: str) -> dict[str, float]:
-        """Memory and time of a micro-batch when the model recomputes as ``mode`` says."""
+    def _with_recompute(
+        self, model: nn.Module, static: int, mode: str, plain: tuple[float, float]
+    ) -> dict[str, float]:
+        """Memory and time of a micro-batch when the model recomputes as ``mode`` says.
+
+        Memory is measured. Time is measured on a GPU; a simulated device is paced
+        for the forward work it repeats (:func:`workers.pacing.with_recompute`), so
+        its time is the plain ``(fixed_s, per_sample_s)`` times that ratio exactly.
+        """
         set_recompute(model, mode)
-        plain = getattr(self.device, "pacing", None)
-        if plain is not None:  # a simulated device works longer by what it repeats
-            self.device.pacing = with_recompute(plain, self.preset, mode)  # type: ignore[attr-defined]
         try:
             per_sample = max(1, *(-(-(self._need(model, m) - static) // m) for m in MEMORY_SIZES))
-            sizes = [
-                m for m in MEMORY_SIZES if static + m * per_sample <= self.device.capacity_bytes
-            ]
-            sizes = sizes or [1]
-            fixed_s, per_sample_s = self._fit(sizes, [self._time(model, m) for m in sizes])
+            if isinstance(self.device, SimulatedDevice):
+                ratio = self.preset.flops_per_sample_with(mode) / self.preset.flops_per_sample  # type: ignore[arg-type]
+                fixed_s, per_sample_s = plain[0] * ratio, plain[1] * ratio
+            else:
+                room = self.device.capacity_bytes - static
+                sizes = [m for m in MEMORY_SIZES if m * per_sample <= room] or [1]
+                fixed_s, per_sample_s = self._fit(sizes, [self._time(model, m) for m in sizes])
         finally:
             set_recompute(model, "none")
-            if plain is not None:
-                self.device.pacing = plain  # type: ignore[attr-defined]
         return {"per_sample_bytes": per_sample, "per_sample_s": per_sample_s, "fixed_s": fixed_s}
 
     def _no_fit(self, capacity: int) -> DeviceFigures:
@@ -190,9 +209,10 @@ class Measurement:
             check = max_m = min(max_m, MAX_CHECKED_MICRO_BATCH)
         while check >= 1:
             try:
-                self.device.run_micro_batch(
-                    self._loss_fn(model, check, 1), model=model, micro_batch=check
-                )
+                with self._unpaced():
+                    self.device.run_micro_batch(
+                        self._loss_fn(model, check, 1), model=model, micro_batch=check
+                    )
                 return max_m if check < max_m else check
             except DeviceOutOfMemory:
                 check = check * 9 // 10 if check > 10 else check - 1
