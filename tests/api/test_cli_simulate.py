@@ -80,9 +80,13 @@ def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> 
             "measured_step_s",
             "measured_samples_per_s",
             "losses",
+            "step_times_s",
+            "replans",
+            "recoveries",
             "devices",
         }
         assert len(r["losses"]) == 3 and r["measured_step_s"] > 0
+        assert len(r["step_times_s"]) == 3 and r["recoveries"] == []
         assert sum(d["samples"] for d in r["plan"]["devices"]) == 8
         assert all(set(d) == {"id", "busy_s", "wait_s", "peak_bytes"} for d in r["devices"])
     # Same seed, same batches: the split does not change the training.
@@ -96,6 +100,14 @@ def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> 
     assert doc["ideal_samples_per_s"] > 0
     assert [d["id"] for d in doc["profile"]["devices"]] == ["box/0", "box/1"]
     assert "profiling" in out.stderr  # progress went to stderr
+
+
+def test_simulate_rejects_a_malformed_fault_in_one_line(tmp_path: Path) -> None:
+    out = hetsched("simulate", "--fault", "node-a/0@ten:slow=3", cache=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "hetsched: error: --fault 'node-a/0@ten:slow=3': STEP must be an integer >= 0, got 'ten'"
+    ]
 
 
 def test_simulate_rejects_an_unknown_strategy_in_one_line(tmp_path: Path) -> None:
