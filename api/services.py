@@ -238,7 +238,10 @@ def resolve_dataset(
             f"dataset: no file {name!r} in the server's data directory {data_dir.resolve()}; "
             f"give one of: {known}"
         )
-    inspect_dataset(path, seq_len=seq_len, vocab_size=vocab_size, global_batch=global_batch)
+    try:
+        inspect_dataset(path, seq_len=seq_len, vocab_size=vocab_size, global_batch=global_batch)
+    except HetschedError as exc:  # the request is well formed; the server's file does not fit it
+        raise NotOnServer(str(exc)) from exc
     return None if name == "default" else path
 
 

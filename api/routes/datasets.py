@@ -44,6 +44,10 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 UPLOAD_SUFFIXES = (".bin.json", ".tokenizer.json", ".txt", ".bin")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+NAME_PATTERN = (
+    r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*\.(txt|bin|bin\.json|tokenizer\.json)$"
+)
+"""What ``_check_name`` allows, as the API document states it (no ``..``, a dataset suffix)."""
 _CHUNK_BYTES = 1 << 20
 
 
@@ -160,7 +164,10 @@ async def upload_dataset(
     request: Request,
     state: StateDep,
     name: str = Query(
-        description="file name: NAME.txt, NAME.bin, NAME.bin.json, NAME.tokenizer.json"
+        min_length=5,
+        max_length=128,
+        pattern=NAME_PATTERN,
+        description="file name: NAME.txt, NAME.bin, NAME.bin.json, NAME.tokenizer.json",
     ),
 ) -> DatasetPublic:
     """Store the request body as ``name`` in the data directory (see the module docstring)."""

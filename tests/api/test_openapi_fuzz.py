@@ -116,4 +116,5 @@ def test_document_declares_auth_only_with_a_token() -> None:
         "POST /api/v1/cluster/devices/{device_id}/fail",
         "POST /api/v1/cluster/devices/{device_id}/slowdown",
         "POST /api/v1/cluster/devices/{device_id}/restore",
+        "POST /api/v1/datasets",
     }
