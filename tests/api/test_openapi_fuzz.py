@@ -74,6 +74,17 @@ def _skip_unstated_rule(case: schemathesis.Case) -> None:
             reject()
 
 
+def _checks(case: schemathesis.Case) -> list[Any]:
+    """Every check; but no schema can say that an uploaded file holds what its name says
+    (a sidecar's JSON, token ids), so an upload's content may be refused though the
+    request is schema-valid: only uploads of non-empty text must be accepted."""
+    if case.method.upper() == "POST" and case.path.endswith("/datasets"):
+        name = (case.query or {}).get("name", "")
+        if not (isinstance(name, str) and name.endswith(".txt") and case.body):
+            return [c for c in ALL_CHECKS if c.__name__ != "positive_data_acceptance"]
+    return list(ALL_CHECKS)
+
+
 FUZZ = settings(
     max_examples=10, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
 )
@@ -83,14 +94,14 @@ FUZZ = settings(
 @FUZZ
 def test_contract_without_token(case: schemathesis.Case) -> None:
     _skip_unstated_rule(case)
-    case.call_and_validate(checks=ALL_CHECKS)
+    case.call_and_validate(checks=_checks(case))
 
 
 @token_schema.parametrize()
 @FUZZ
 def test_contract_with_token(case: schemathesis.Case) -> None:
     _skip_unstated_rule(case)
-    case.call_and_validate(checks=ALL_CHECKS, headers={"Authorization": f"Bearer {TOKEN}"})
+    case.call_and_validate(checks=_checks(case), headers={"Authorization": f"Bearer {TOKEN}"})
 
 
 def test_document_declares_auth_only_with_a_token() -> None:
