@@ -50,7 +50,12 @@ class Executor:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self.runner = JobRunner(
-            store=store, handle=handle, profiler=profiler, settings=settings, release=self._release
+            store=store,
+            handle=handle,
+            profiler=profiler,
+            settings=settings,
+            release=self._release,
+            claim=self._claim,
         )
 
     # --- lifecycle --------------------------------------------------------------
@@ -175,6 +180,12 @@ class Executor:
         if result is None or result.stopped:
             return self._stopped(live.steps_done)
         return SUCCEEDED, f"finished {job.spec.steps} steps"
+
+    def _claim(self, live: LiveJob, wanted: list[str]) -> list[str]:
+        with self._lock:
+            taken = {d for job in self._live.values() if job is not live for d in job.devices}
+            live.devices = [d for d in wanted if d not in taken]
+            return list(live.devices)
 
     def _release(self, live: LiveJob, keep: list[str]) -> None:
         with self._lock:

@@ -70,7 +70,9 @@ class JobRunner:
     profiler: Profiler
     settings: Settings
     release: Callable[[LiveJob, list[str]], None]
-    """Hands devices the plan does not use back to the queue."""
+    """Sets the devices a job holds (the others go back to the queue)."""
+    claim: Callable[[LiveJob, list[str]], list[str]]
+    """Atomically: of these devices, those no other job holds become the job's."""
 
     def root(self, job_id: str) -> str:
         return f"{self.settings.checkpoint_root}/{job_id}"
@@ -89,7 +91,9 @@ class JobRunner:
         spec, store = job.spec, self.store
         model = model_from_ref(spec.model, data_dir=self.settings.data_dir)
         store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
-        profile = self.profiler.measure(model, live.devices)
+        wanted = list(live.devices)  # what the job may use; its plan may hand some back
+        profile = self.profiler.measure(model, wanted)
+
         plan = make_plan(profile, spec.global_batch, spec.strategy)
         self._set_plan(job, live, plan)
         if live.stop.is_set():
@@ -161,9 +165,15 @@ class JobRunner:
             store.set_plan(job.id, decision.new_plan, [d.id for d in decision.new_plan.active])
 
         def replan(lost: set[str]) -> Plan:
-            usable = [d for d in live.devices if d not in lost]
+            # Every device the job may use that is not lost and no other job holds: a device
+            # the first plan handed back may now be what keeps the job going.
+            usable = self.claim(live, [d for d in wanted if d not in lost])
+            if not usable:
+                raise HetschedError(
+                    f"recovery: no usable device left (lost: {', '.join(sorted(lost))})"
+                )
             new_plan = make_plan(profile.subset(usable), spec.global_batch, spec.strategy)
-            store.set_plan(job.id, new_plan, [d.id for d in new_plan.active])
+            self._set_plan(job, live, new_plan)
             return new_plan
 
         follow = spec.replan if spec.replan is not None else self.settings.replan
