@@ -6,7 +6,8 @@ at step boundaries of a run: ``crash`` kills the device's worker process
 device out of the pool and kills its worker, ``restore`` brings a lost
 device back and ends a slow-down, and ``slow`` stretches the simulated
 device's pacing by its factor. Each crash, loss and restore fires once per
-job, so the steps a recovery runs again do not crash again.
+job, so the steps a recovery runs again do not crash again. When the job
+ends, what it injected is undone, so the next job finds the devices whole.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ class FaultInjector:
     def start_run(self) -> None:
         """A run starts on fresh or re-joined workers: every slow-down is sent again."""
         self._sent = {}
+
+    def finish(self) -> None:
+        """The job ended: the devices it slowed are back at their own speed."""
+        for device_id, factor in self._sent.items():
+            if factor != 1.0 and device_id not in self.pool.lost():
+                self.pool.set_slowdown(device_id, 1.0)
+        for fault in self._fired:
+            if fault.kind == "lost":
+                self.pool.mark_lost([fault.device], lost=False)
 
     def before_step(self, step: int, actors: Sequence[Any], ids: Sequence[str]) -> None:
         for fault in self.schedule.firing(step):

@@ -261,5 +261,7 @@ def train(
             keep_state=keep_state,
         )
     finally:
+        if injector is not None:
+            injector.finish()
         if own_pool:
             pool.shutdown()

@@ -232,7 +232,6 @@ def simulate(
             progress.step(strategy, 0, steps, "starting actors")
             replans: list[dict[str, Any]] = []
             recoveries: list[dict[str, Any]] = []
-            lost = set(pool.lost())
             with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
                 result = train(
                     cluster=cluster,
@@ -257,7 +256,6 @@ def simulate(
                     on_replan=lambda d, out=replans: out.append(d.to_dict()),
                     on_recovery=lambda r, out=recoveries: out.append(r.to_dict()),
                 )
-            pool.mark_lost(sorted(pool.lost() - lost), lost=False)  # the next run starts whole
             after_first = result.step_times_s[1:] or result.step_times_s
             measured = statistics.median(after_first)
             runs.append(
