@@ -63,6 +63,8 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Profiles and host calibrations, shared by every worker test: a device measured
+    once is not measured again (the profiler's cache is what users get too)."""
     return tmp_path_factory.mktemp("hetsched-cache")
