@@ -41,7 +41,6 @@ from scheduler.units import format_bytes
 from workers.datafile import DEFAULT_CORPUS, inspect_dataset
 
 log = logging.getLogger("hetsched.api")
-BYTE_VOCAB = 256
 DATASET_SUFFIXES = (".txt", ".bin")
 
 
@@ -261,14 +260,6 @@ def list_datasets(data_dir: Path) -> list[str]:
             if p.is_file() and is_dataset_name(p.name) and not p.name.startswith(".")
         )
     return names
-
-
-def check_trainable(model: ModelPreset) -> None:
-    if model.vocab_size < BYTE_VOCAB:
-        raise HetschedError(
-            f"model.vocab_size: training reads byte tokens, so it must be >= "
-            f"{BYTE_VOCAB}, got {model.vocab_size}"
-        )
 
 
 def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[str]) -> None:

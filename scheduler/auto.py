@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scheduler.dp import plan_dp
 from scheduler.errors import PlanError
 from scheduler.hybrid import plan_hybrid
 from scheduler.pipeline import plan_pp
@@ -29,8 +30,6 @@ Planner = Callable[[Profile, int], Plan]
 
 
 def _candidates() -> list[tuple[str, Planner]]:
-    from scheduler.planner import plan_dp
-
     return [("dp", plan_dp), ("pp", plan_pp), ("hybrid", plan_hybrid)]
 
 

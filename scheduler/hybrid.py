@@ -50,7 +50,7 @@ from scheduler.pipeline import (
     prefer_larger_micro_batches,
     stage_plans,
 )
-from scheduler.plan import DevicePlan, Excluded, Plan
+from scheduler.plan import DevicePlan, Excluded, Plan, check_global_batch
 from scheduler.profile import DeviceProfile, Profile
 from scheduler.stages import (
     Chain,
@@ -284,8 +284,6 @@ def evaluate(
 
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
     """Pipelines side by side with uneven shares (module docstring)."""
-    from scheduler.planner import check_global_batch
-
     check_global_batch(global_batch)
     usable = layer_usable(profile)
     tied = tied_embedding(profile)

@@ -332,3 +332,17 @@ def preset_from_dict(raw: Mapping[str, Any], *, where: str = "model") -> ModelPr
         return ModelPreset(**raw)
     except TypeError as exc:
         raise HetschedError(f"{where}: {exc}") from exc
+
+
+TRAINABLE_FAMILIES = ("gpt", "llama")
+"""Families the runtimes build (workers.models.build_model); others plan analytically."""
+
+
+def check_trainable(preset: ModelPreset) -> None:
+    """Refuse, before any worker starts, a model the runtimes cannot build."""
+    if preset.family not in TRAINABLE_FAMILIES:
+        raise HetschedError(
+            f"model: {preset.name} is a {preset.family} preset; the trainer builds the "
+            f"{', '.join(TRAINABLE_FAMILIES)} families only (plan it analytically with "
+            "`hetsched plan`)"
+        )

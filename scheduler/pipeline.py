@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 from scheduler.cluster import Links
 from scheduler.costmodel import ceil_div
 from scheduler.errors import PlanError
-from scheduler.plan import DevicePlan, Excluded, Plan
+from scheduler.plan import DevicePlan, Excluded, Plan, check_global_batch
 from scheduler.profile import DeviceProfile, Profile
 from scheduler.stages import (
     Chain,
@@ -266,8 +266,6 @@ def layer_usable(profile: Profile) -> list[DeviceProfile]:
 
 def plan_pp(profile: Profile, global_batch: int) -> Plan:
     """One pipeline, uneven stages, 1F1B (module docstring)."""
-    from scheduler.planner import check_global_batch
-
     check_global_batch(global_batch)
     usable = layer_usable(profile)
     tied = tied_embedding(profile)

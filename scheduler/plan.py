@@ -174,3 +174,8 @@ def plan_from_dict(data: Any) -> Plan:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"plan: malformed plan document ({exc})") from exc
+
+
+def check_global_batch(global_batch: int) -> None:
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise PlanError(f"global_batch: must be an integer >= 1, got {global_batch!r}")

@@ -161,21 +161,6 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-TRAINABLE_FAMILIES = ("gpt", "llama")
-"""Families the runtimes build; "llama" joins once they build through
-workers.models.build_model."""
-
-
-def check_trainable(preset: ModelPreset) -> None:
-    """Refuse, before Ray starts, a model the runtimes cannot build."""
-    if preset.family not in TRAINABLE_FAMILIES:
-        raise HetschedError(
-            f"model: {preset.name} is a {preset.family} preset; the trainer builds the "
-            f"{', '.join(TRAINABLE_FAMILIES)} family only (plan it analytically with "
-            "`hetsched plan`)"
-        )
-
-
 def _global_name(name: str) -> str:
     """The head's weight is named like the token embedding, so an untied head copy
     starts from the same values as the embedding it mirrors."""

@@ -32,7 +32,7 @@ from scheduler.catalogue import lookup
 from scheduler.cluster import Cluster, Device, Links
 from scheduler.faults import FaultSchedule
 from scheduler.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
-from scheduler.models import ModelPreset
+from scheduler.models import ModelPreset, check_trainable
 from scheduler.plan import Plan
 from scheduler.profile import Profile
 from scheduler.replan import ReplanDecision
@@ -43,7 +43,6 @@ from workers.driver import Checkpointing
 from workers.errors import WorkerError
 from workers.faults import FaultInjector
 from workers.job import Recovery, train_job
-from workers.model import check_trainable
 from workers.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.pool import WorkerPool
 from workers.profiler import profile_devices

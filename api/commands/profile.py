@@ -25,7 +25,7 @@ from api.commands.plan import format_table
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
 from scheduler.hf_config import resolve_model
-from scheduler.models import PRESETS
+from scheduler.models import PRESETS, check_trainable
 from scheduler.profile import Profile
 
 
@@ -69,9 +69,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     preset = resolve_model(args.model)
-    from workers.model import check_trainable
-
-    check_trainable(preset)  # before starting Ray: a llama preset cannot train here
+    check_trainable(preset)  # before starting Ray: a family the runtimes cannot build
     if args.cluster is None and args.ray_address is None:
         raise HetschedError("--cluster: required (or --ray-address to profile real GPUs)")
     cluster = load_cluster(args.cluster) if args.cluster is not None else None

@@ -34,7 +34,7 @@ from scheduler.cluster import Cluster, load_cluster
 from scheduler.errors import HetschedError
 from scheduler.faults import parse_fault
 from scheduler.hf_config import resolve_model
-from scheduler.models import PRESETS, ModelPreset
+from scheduler.models import PRESETS, ModelPreset, check_trainable
 from scheduler.plan import DP_STRATEGIES
 from scheduler.planner import STRATEGIES
 from scheduler.profile import Profile
@@ -312,9 +312,7 @@ def run(args: argparse.Namespace) -> int:
             simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
         )
     preset = resolve_model(args.model)
-    from workers.model import check_trainable
-
-    check_trainable(preset)  # before starting Ray: a llama preset cannot train here
+    check_trainable(preset)  # before starting Ray: a family the runtimes cannot build
     check_simulated_fit(cluster, preset, cluster.ids)  # any memory_scale: fits, or one line
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.

@@ -24,7 +24,6 @@ from api.schemas import (
 from api.services import (
     check_devices,
     check_simulated_fit,
-    check_trainable,
     model_from_ref,
     pack_checkpoint,
     resolve_dataset,
@@ -32,6 +31,7 @@ from api.services import (
 from api.settings import API_PREFIX
 from api.states import JobState
 from api.views import job_public
+from scheduler.models import check_trainable
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
