@@ -38,18 +38,23 @@ def _free_port() -> int:
 def _serve(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
     command = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir)]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = (data_dir / "serve.log").open("ab")  # what it said, for a failure's message
     return subprocess.Popen(
         [*command, "--port", str(port), "--num-cpus", "1"],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
 def _wait_up(service: subprocess.Popen[bytes], port: int) -> None:
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
-        assert service.poll() is None, f"hetsched serve exited with {service.returncode}"
+        if service.poll() is not None:
+            log = Path(service.args[service.args.index("--data-dir") + 1]) / "serve.log"  # type: ignore[index,union-attr,arg-type]
+            said = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            pytest.fail(f"hetsched serve exited with {service.returncode}:\n{said}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
                 return
