@@ -212,6 +212,7 @@ def run(
     faults: FaultInjector | None = None,
     replanner: Replanner | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
+    at_checkpoint: Callable[[int, Plan, float], ReplanDecision | None] | None = None,
 ) -> TrainResult:
     """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring).
 
@@ -221,6 +222,8 @@ def run(
     ``replanner``: follow speed changes; a data-parallel switch happens in place
     (:func:`workers.spec.reshare`), any other ends the run with a checkpoint
     and ``next_plan`` set. Every decision that switches goes to ``on_replan``.
+    ``at_checkpoint(step, plan, restart_s)``: asked after each checkpoint written
+    mid-run whether to go on from it on another plan (devices that came back).
     """
     ids = [r.device_id for r in ranks]
     begin = time.monotonic()
@@ -257,13 +260,22 @@ def run(
             metrics.step, time.monotonic() - last_save[0]
         ):
             checkpoint(metrics.step)
+            if at_checkpoint is not None and not next_plan:
+                decision = at_checkpoint(metrics.step, current["plan"], restart_cost_s())
+                if decision is not None and decision.switch:
+                    if on_replan is not None:
+                        on_replan(decision)
+                    next_plan.append(decision.new_plan)
+                    return
         if replanner is not None:
             follow_speed(metrics)
 
+    def restart_cost_s() -> float:
+        return cost_s["setup"] + cost_s["checkpoint"] if checkpointing else math.inf
+
     def follow_speed(metrics: StepMetrics) -> None:
         assert replanner is not None
-        restart_s = cost_s["setup"] + cost_s["checkpoint"] if checkpointing else math.inf
-        decision = replanner.observe(metrics, current["plan"], switch_cost_s=restart_s)
+        decision = replanner.observe(metrics, current["plan"], switch_cost_s=restart_cost_s())
         if decision is None or not decision.switch:
             return
         if on_replan is not None:

@@ -12,6 +12,12 @@ job trains exactly as an uninterrupted one; the steps after the checkpoint
 are run again and their records replace the earlier ones (``on_step`` sees
 them twice). Each recovery is reported as a :class:`Recovery`.
 
+A device left out as lost that comes back (its Ray node is alive again, or
+a simulated device is restored) is taken back at the job's next checkpoint:
+the same global batch is planned on it and the rest and, when the predicted
+gain over the remaining steps pays for the restart, the job goes on from that
+checkpoint on the new plan (a ``replan`` decision, as for speed changes).
+
 An error that would recur — out of memory from the plan, a diverged loss —
 is not retried; nor is anything past ``max_failures`` recoveries.
 """
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.plan import Plan
-from scheduler.replan import ReplanDecision
+from scheduler.replan import ReplanDecision, ReplanSettings
 from workers import driver
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.driver import Checkpointing
@@ -114,6 +120,38 @@ def train_job(
     failures: list[str] = []
     pending: dict[str, Any] | None = None  # a recovery waiting for its first step
     stopped = False
+    left_out: set[str] = set()  # devices lost during this job, until they come back
+    min_gain = ReplanSettings().min_relative_gain
+
+    def take_back(step: int, current: Plan, restart_s: float) -> ReplanDecision | None:
+        """At a checkpoint: go on with the devices that came back, when it pays."""
+        back = left_out - pool.lost()
+        if not back:
+            return None
+        new_plan = replan(left_out - back)
+        steps_left = max(0, steps - step - 1)
+        gain_s = current.predicted_step_s - new_plan.predicted_step_s
+        switch = gain_s > min_gain * current.predicted_step_s and gain_s * steps_left > restart_s
+        left_out.difference_update(back)  # asked once: a later recovery may still use them
+        if not switch:  # too close to the end: the plan in force stays, and its record
+            replan(left_out | back)
+            return None
+        return ReplanDecision(
+            step=step,
+            switch=True,
+            in_place=False,
+            reason=f"{', '.join(sorted(back))} came back: re-planned on "
+            f"{len(new_plan.active)} devices, predicted step "
+            f"{current.predicted_step_s:.3f} s -> {new_plan.predicted_step_s:.3f} s",
+            changes=(),
+            lost=(),
+            old_plan=current,
+            new_plan=new_plan,
+            old_step_s=current.predicted_step_s,
+            new_step_s=new_plan.predicted_step_s,
+            steps_left=steps_left,
+            switch_cost_s=restart_s,
+        )
 
     def seen(metrics: StepMetrics) -> None:
         nonlocal pending, last_step
@@ -146,6 +184,7 @@ def train_job(
                 faults=faults,
                 replanner=replanner,
                 on_replan=on_replan,
+                at_checkpoint=take_back if left_out else None,
                 keep_state=keep_state,
             )
             stopped = result.stopped
@@ -165,7 +204,8 @@ def train_job(
                     + "; ".join(failures)
                 ) from exc
             lost = pool.lost() & {d.id for d in plan.devices}
-            new_plan = replan(lost)
+            left_out.update(lost)
+            new_plan = replan(left_out)
             restore = CheckpointStore(checkpointing.root).latest()
             pending = {
                 "started": noticed,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -185,6 +186,49 @@ def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
     (recovery,) = recoveries
     assert recovery.lost == ("a/1",) and recovery.new_plan == WITHOUT_T4.to_dict()
     assert [d.id for d in result.devices] == ["a/0", "a/2"]
+
+
+def test_a_lost_device_that_comes_back_is_taken_back_at_the_next_checkpoint(
+    pool, cache_dir, tmp_path, reference
+) -> None:
+    recoveries, decisions = [], []
+    # Without the T4 the job is predicted far slower (a stand-in figure), so taking it back
+    # pays for the restart whatever this host's setup time.
+    slower = replace(WITHOUT_T4, predicted_step_s=100.0)
+
+    def lose_then_restore(metrics) -> None:
+        if metrics.step == 2 and not recoveries and "a/1" not in pool.lost():
+            pid = pool.pids()["a/1"]
+            pool.mark_lost(["a/1"])
+            os.kill(pid, signal.SIGKILL)
+        if metrics.step == 4:
+            pool.mark_lost(["a/1"], lost=False)  # its node is back
+
+    try:
+        result = train(
+            cluster=CLUSTER,
+            model=TINY,
+            plan=DP,
+            steps=STEPS,
+            seed=SEED,
+            optimizer=OPT,
+            cache_dir=cache_dir,
+            pool=pool,
+            checkpointing=_durable(tmp_path, "back"),
+            max_failures=1,
+            replan=lambda lost: slower if "a/1" in lost else DP,
+            on_step=lose_then_restore,
+            on_recovery=recoveries.append,
+            on_replan=decisions.append,
+        )
+    finally:
+        pool.mark_lost(["a/1"], lost=False)
+    assert result.losses == pytest.approx(reference, rel=1e-4)
+    (recovery,) = recoveries
+    assert recovery.lost == ("a/1",)
+    (back,) = decisions
+    assert back.step == 5 and back.reason.startswith("a/1 came back")  # checkpoint after step 5
+    assert back.new_plan == DP and [d.id for d in result.devices] == ["a/0", "a/1", "a/2"]
 
 
 def test_more_failures_than_allowed_fail_the_job_naming_them(pool, cache_dir, tmp_path) -> None:
