@@ -13,12 +13,14 @@ store so ``GET /profiles`` and the dashboard can show it.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import socket
 import tarfile
 import threading
+import time
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,17 +382,22 @@ def dry_run(
     return make_plan(profile, global_batch, strategy), source
 
 
-def pack_checkpoint(uri: str, name: str) -> bytes:
-    """A checkpoint's files (any fsspec location) as one .tar.gz under the folder ``name``."""
+def stream_checkpoint(uri: str, name: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """A checkpoint's files (any fsspec location) as a .tar.gz under the folder ``name``,
+    in pieces: a file is read ``chunk_bytes`` at a time, so a checkpoint of many
+    gigabytes never sits in the service's memory."""
     fs, root = fsspec.core.url_to_fs(uri)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path in sorted(fs.find(root)):
-            data = fs.cat_file(path)
-            info = tarfile.TarInfo(f"{name}/{path[len(root) :].lstrip('/')}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    gzip = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: a gzip header
+    for path in sorted(fs.find(root)):
+        info = tarfile.TarInfo(f"{name}/{path[len(root) :].lstrip('/')}")
+        info.size, info.mtime = int(fs.size(path)), int(time.time())
+        yield gzip.compress(info.tobuf())
+        with fs.open(path, "rb") as source:
+            while block := source.read(chunk_bytes):
+                yield gzip.compress(block)
+        yield gzip.compress(b"\0" * (-info.size % tarfile.BLOCKSIZE))  # to a whole block
+    yield gzip.compress(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end-of-archive marker
+    yield gzip.flush()
 
 
 def plan_summary(plan: Plan) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi.responses import StreamingResponse
 
 from api.deps import Auth, JobDep, StateDep, StoreDep
 from api.schemas import (
@@ -25,8 +26,8 @@ from api.services import (
     check_devices,
     check_simulated_fit,
     model_from_ref,
-    pack_checkpoint,
     resolve_dataset,
+    stream_checkpoint,
 )
 from api.settings import API_PREFIX
 from api.states import JobState
@@ -139,10 +140,11 @@ def download_checkpoint(
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, f"step: job {job.id} has no checkpoint {step}; kept: {steps}"
         )
-    return Response(
-        content=pack_checkpoint(kept[step].uri, f"{job.id}-step-{step:08d}"),
+    name = f"{job.id}-step-{step:08d}"
+    return StreamingResponse(
+        stream_checkpoint(kept[step].uri, name),
         media_type="application/gzip",
-        headers={"Content-Disposition": f'attachment; filename="{job.id}-step-{step:08d}.tar.gz"'},
+        headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
     )
 
 
