@@ -1,4 +1,5 @@
-"""``hetsched serve`` leaves no Ray process behind, however it is stopped.
+"""``hetsched serve`` leaves no Ray process behind, however it is stopped, and a job
+it was training when it was killed finishes after the next start.
 
 The service runs as a real subprocess, as a user, systemd or a container
 runtime runs it. Its Ray processes are found independently of the service's
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from api.local_ray import LocalRaySession, RayProcess
 
 STARTUP_S = 180.0
 EXIT_S = 60.0
+JOB_S = 300.0
+STEPS = 16
 
 
 def _free_port() -> int:
@@ -94,14 +98,26 @@ def _assert_all_gone(processes: set[tuple[int, float]]) -> None:
     assert _alive(processes) == [], "Ray processes left behind"
 
 
-def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], set[tuple[int, float]]]:
+def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], set[tuple[int, float]], int]:
     port = _free_port()
     service = _serve(data_dir, port)
     _wait_up(service, port)
     ray_processes = _tree(service.pid)
     names = {psutil.Process(pid).name() for pid, _ in ray_processes}
     assert any("raylet" in n for n in names), f"no raylet among {sorted(names)}"
-    return service, ray_processes
+    return service, ray_processes, port
+
+
+def _wait_job(port: int, job_id: str, done: Callable[[dict], bool], what: str) -> dict:
+    deadline = time.monotonic() + JOB_S
+    while time.monotonic() < deadline:
+        job = httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs/{job_id}", timeout=10).json()
+        if done(job):
+            return job
+        if job["state"] in ("FAILED", "STOPPED"):
+            pytest.fail(f"job ended {job['state']}: {job['message']}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}: {job}")
 
 
 def _sigterm(service: subprocess.Popen[bytes]) -> None:
@@ -110,7 +126,7 @@ def _sigterm(service: subprocess.Popen[bytes]) -> None:
 
 
 def test_sigterm_leaves_no_ray_process(tmp_path: Path) -> None:
-    service, ray_processes = _start(tmp_path)
+    service, ray_processes, _ = _start(tmp_path)
     try:
         _sigterm(service)
         assert service.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
@@ -119,13 +135,30 @@ def test_sigterm_leaves_no_ray_process(tmp_path: Path) -> None:
         service.kill()
 
 
-def test_restart_after_kill_9_ends_the_predecessors_ray(tmp_path: Path) -> None:
-    first, first_ray = _start(tmp_path)
-    first.kill()  # SIGKILL: no cleanup runs in the service
+def test_kill_9_mid_job_then_restart_finishes_the_job_and_ends_the_predecessors_ray(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the service while a job trains: no cleanup runs. The next start ends
+    the dead service's Ray processes, resumes the job from its last checkpoint, and the
+    job finishes with exactly one metrics row per step."""
+    first, first_ray, port = _start(tmp_path)
+    api = f"http://127.0.0.1:{port}/api/v1/jobs"
+    job = httpx.post(
+        api, json={"name": "k9", "global_batch": 8, "steps": STEPS, "checkpoint_every": 3}
+    ).json()
+    _wait_job(port, job["id"], lambda j: j["steps_done"] >= 5, "5 steps before the kill")
+    first.kill()
     first.wait(EXIT_S)
-    second, second_ray = _start(tmp_path)
+    second, second_ray, port = _start(tmp_path)
+    api = f"http://127.0.0.1:{port}/api/v1/jobs"
     try:
         _assert_all_gone(first_ray)
+        done = _wait_job(port, job["id"], lambda j: j["state"] != "RUNNING", "the job's end")
+        assert done["state"] == "SUCCEEDED", done["message"]
+        (restart,) = [e for e in done["events"] if e["kind"] == "restart"]
+        assert 3 <= restart["step"] < STEPS
+        metrics = httpx.get(f"{api}/{job['id']}/metrics").json()["data"]
+        assert [m["step"] for m in metrics] == list(range(STEPS)), "one row a step"
         _sigterm(second)
         _assert_all_gone(second_ray)
     finally:
