@@ -61,9 +61,13 @@ def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
     runtime-env agents; ``include_dashboard=False`` only leaves out the web
     UI (the API server then runs with ``--disable-frontend``). Those
     processes are this Ray's and end with it (api/local_ray.py stops them).
+    ``address="local"``: without it ``ray.init`` joins any Ray that ``ray start``
+    left running on this machine (it looks for their GCS processes), and a
+    simulation would run on someone else's cluster, or fail to start.
     """
     resources = {device_resource(d.id): 1000.0 for d in cluster.devices}
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         resources=resources,
         include_dashboard=False,
