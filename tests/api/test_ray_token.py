@@ -12,6 +12,7 @@ for ever.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -79,10 +80,8 @@ def ray_head() -> Iterator[dict[str, str]]:
     finally:
         tree = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
         head.send_signal(signal.SIGTERM)  # --block: ray start stops its node's processes
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
         terminate(tree)  # whatever it left
         shutil.rmtree(root, ignore_errors=True)
 
