@@ -164,13 +164,15 @@ class WorkerPool:
     def _placed_by_name(self, device_ids: Sequence[str]) -> dict[str, str]:
         """Device id -> the Ray node name that places it, for those placed by name
         (a local Ray's own ``hetsched:`` resources win over a spec's ``ray_node``)."""
-        resources = ray.cluster_resources() if self.simulated else {}
-        found = {}
-        for device_id in device_ids:
-            selector = selector_of(self.cluster.device(device_id), simulated=self.simulated)
-            if selector is not None and device_resource(device_id) not in resources:
-                found[device_id] = selector
-        return found
+        named = {
+            d: s
+            for d in device_ids
+            if (s := selector_of(self.cluster.device(d), simulated=self.simulated)) is not None
+        }
+        if not named or not self.simulated:
+            return named
+        resources = ray.cluster_resources()
+        return {d: s for d, s in named.items() if device_resource(d) not in resources}
 
     def _drop_dead(self, device_ids: list[str]) -> None:
         refs = {self._actors[d].pid.remote(): d for d in device_ids}

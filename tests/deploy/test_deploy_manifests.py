@@ -339,7 +339,8 @@ def test_the_checks_reject_what_would_break_a_deployment() -> None:
 def test_readme_hetsched_commands_parse() -> None:
     """Every ``hetsched ...`` line in deploy/README.md's code blocks is accepted by the CLI."""
     text = (DEPLOY / "README.md").read_text()
-    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.DOTALL)
+    fenced = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    blocks = [body for lang, body in fenced if lang in ("", "bash", "sh")]
     lines = [line.strip() for block in blocks for line in block.splitlines()]
     commands = [shlex.split(line, comments=True) for line in lines if line.startswith("hetsched ")]
     assert commands
