@@ -2,8 +2,12 @@
 
 The cluster handle is built once in the app's lifespan: a local Ray running
 a simulated cluster spec (the embedded default), or an existing Ray cluster
-(``--ray-address``) whose GPUs become the cluster. When Ray cannot be reached
-the service still starts and reports the cluster unavailable.
+(``--ray-address``) whose GPUs become the cluster, or which runs a simulated
+cluster spec's devices on the Ray nodes the spec names (``--ray-address``
+with ``--cluster``). Ray's token authentication is handled before joining
+(``workers.ray_connect``). When Ray cannot be reached the service still
+starts and reports the cluster unavailable; ``hetsched serve`` checks first
+(:func:`check_external_ray`) and refuses to start with one line instead.
 
 Profiles are measured by ``workers.session.profile_cluster`` (cached on disk
 per device type and model) and every measurement is also recorded in the job
@@ -32,7 +36,7 @@ from api.schemas import ModelDims
 from api.settings import Settings
 from api.store import JobStore, ProfileRecord
 from scheduler.capacity import usable_capacity_bytes
-from scheduler.cluster import Cluster, load_cluster
+from scheduler.cluster import Cluster, load_cluster, with_ray_nodes
 from scheduler.errors import HetschedError, PlanError
 from scheduler.hf_config import is_path_ref, load_hf_config
 from scheduler.models import ModelPreset, get_preset, preset_to_dict
@@ -87,35 +91,7 @@ class ClusterHandle:
 def connect_cluster(settings: Settings) -> ClusterHandle:
     """Attach to Ray as ``settings`` say; never raises for an unreachable cluster."""
     if settings.ray_address:
-        unreachable = _probe(settings.ray_address)
-        if unreachable:
-            return ClusterHandle(
-                cluster=None,
-                available=False,
-                simulated=False,
-                ray_address=settings.ray_address,
-                message=f"cannot connect to Ray at {settings.ray_address}: {unreachable}",
-            )
-        try:
-            from workers.session import WorkerPool, connect_ray
-
-            cluster = connect_ray(settings.ray_address)
-            pool = WorkerPool(cluster, simulated=False)
-        except Exception as exc:  # Ray raises many types for an unreachable head
-            return ClusterHandle(
-                cluster=None,
-                available=False,
-                simulated=False,
-                ray_address=settings.ray_address,
-                message=f"cannot connect to Ray at {settings.ray_address}: {_one_line(exc)}",
-            )
-        return ClusterHandle(
-            cluster=cluster,
-            available=True,
-            simulated=False,
-            ray_address=settings.ray_address,
-            pool=pool,
-        )
+        return _connect_external(settings, settings.ray_address)
     try:
         cluster = load_cluster(settings.cluster_file)
     except HetschedError as exc:
@@ -141,6 +117,66 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
         return ClusterHandle(cluster=cluster, available=True, pool=pool)
     session.record()
     return ClusterHandle(cluster=cluster, available=True, local_ray=session, pool=pool)
+
+
+def _connect_external(settings: Settings, address: str) -> ClusterHandle:
+    """An external Ray cluster: its GPUs, or with a cluster spec, simulated devices
+    placed on the Ray nodes the spec names (``workers.placement``)."""
+    simulated = settings.cluster is not None
+
+    def unavailable(message: str) -> ClusterHandle:
+        return ClusterHandle(
+            cluster=None,
+            available=False,
+            simulated=simulated,
+            ray_address=address,
+            message=message,
+        )
+
+    unreachable = _probe(address)
+    if unreachable:
+        return unavailable(f"cannot connect to Ray at {address}: {unreachable}")
+    try:
+        from workers.placement import check_placement, live_nodes
+        from workers.ray_connect import connect
+        from workers.session import WorkerPool, connect_ray
+
+        connect(address)
+        if settings.cluster is not None:
+            cluster = with_ray_nodes(load_cluster(settings.cluster))
+            check_placement(cluster, live_nodes(), simulated=True)
+        else:
+            cluster = connect_ray(address)
+        pool = WorkerPool(cluster, simulated=simulated)
+    except HetschedError as exc:  # already one line: a token, a spec, a missing node
+        return unavailable(str(exc))
+    except Exception as exc:  # Ray raises many types for an unreachable head
+        return unavailable(f"cannot connect to Ray at {address}: {_one_line(exc)}")
+    return ClusterHandle(
+        cluster=cluster, available=True, simulated=simulated, ray_address=address, pool=pool
+    )
+
+
+def check_external_ray(settings: Settings) -> None:
+    """Before ``hetsched serve`` starts: the Ray cluster at ``--ray-address`` can be
+    reached, accepts this process's token and, with ``--cluster``, has every Ray node
+    the spec names; else one line saying what is missing (:class:`HetschedError`)."""
+    address = settings.ray_address
+    if not address:
+        return
+    unreachable = _probe(address)
+    if unreachable:
+        raise HetschedError(f"--ray-address: cannot connect to Ray at {address}: {unreachable}")
+    cluster = None
+    if settings.cluster is not None:
+        cluster = with_ray_nodes(load_cluster(settings.cluster))
+    from workers.placement import check_placement, nodes_from_gcs
+    from workers.ray_connect import check_auth, gcs_address
+
+    check_auth(address)
+    gcs = gcs_address(address)
+    if cluster is not None and gcs is not None:
+        check_placement(cluster, nodes_from_gcs(gcs), simulated=True)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:

@@ -5,6 +5,7 @@ Format (DESIGN.md, "Cluster spec")::
     name: mixed-lab
     nodes:
       - name: node-a
+        ray_node: 10.0.0.5       # optional: the Ray node its devices run on (see below)
         devices:
           - type: A100-80GB      # a catalogue key, any case
             count: 2
@@ -15,6 +16,15 @@ Format (DESIGN.md, "Cluster spec")::
       faults: [{device: node-a/0, at_step: 10, kind: slow, factor: 3}]
 
 Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
+
+``ray_node`` matters only when the service simulates the spec on an external
+Ray cluster (``hetsched serve --ray-address ADDR --cluster SPEC``): it names
+the Ray node that runs the node's simulated devices, by Ray node id, IP
+address or node name, or by a custom resource the operator gave that node
+(``ray start --resources='{"node-a": 1}'``). Without it the node's ``name``
+is looked up the same way (:func:`with_ray_nodes`). The embedded local Ray
+ignores it. Matching against live Ray nodes is ``workers.placement``'s job;
+this module only carries the name.
 Every error names the offending field (``nodes[1].devices[0].type``) and what
 is allowed; nothing here raises anything but :class:`SpecError`.
 """
@@ -47,6 +57,9 @@ class Device:
     """Canonical catalogue key."""
     memory_gb: float
     peak_tflops: float
+    ray_node: str | None = None
+    """The Ray node that runs this (simulated) device on an external Ray cluster: a
+    node id, IP address, node name or custom resource name; None: not placed by name."""
 
     @property
     def memory_bytes(self) -> int:
@@ -146,13 +159,19 @@ def parse_cluster(data: Any) -> Cluster:
     seen_nodes: set[str] = set()
     for i, raw_node in enumerate(nodes):
         node = _mapping(f"nodes[{i}]", raw_node)
-        _check_keys(f"nodes[{i}].", node, {"name", "devices"})
+        _check_keys(f"nodes[{i}].", node, {"name", "devices", "ray_node"})
         node_name = node.get("name")
         if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
             raise SpecError(f"nodes[{i}].name: must be a non-empty string without '/'")
         if node_name in seen_nodes:
             raise SpecError(f"nodes[{i}].name: duplicate node name {node_name!r}")
         seen_nodes.add(node_name)
+        ray_node = node.get("ray_node")
+        if ray_node is not None and (not isinstance(ray_node, str) or not ray_node.strip()):
+            raise SpecError(
+                f"nodes[{i}].ray_node: must be a Ray node id, IP address, node name or "
+                f"custom resource name, got {ray_node!r}"
+            )
         entries = node.get("devices")
         if not isinstance(entries, list) or not entries:
             raise SpecError(f"nodes[{i}].devices: must be a non-empty list")
@@ -187,6 +206,7 @@ def parse_cluster(data: Any) -> Cluster:
                         type=gpu.key,
                         memory_gb=memory_gb,
                         peak_tflops=tflops,
+                        ray_node=ray_node.strip() if ray_node is not None else None,
                     )
                 )
                 index += 1
@@ -242,6 +262,18 @@ def with_faults(cluster: Cluster, faults: list[Fault] | tuple[Fault, ...]) -> Cl
     return replace(cluster, simulation=simulation)
 
 
+def with_ray_nodes(cluster: Cluster) -> Cluster:
+    """``cluster`` with every node that names no ``ray_node`` placed by its own name.
+
+    For an external Ray cluster: a spec node ``node-a`` then runs on the Ray node
+    whose id, address, node name or custom resource is ``node-a``.
+    """
+    devices = tuple(
+        d if d.ray_node is not None else replace(d, ray_node=d.node) for d in cluster.devices
+    )
+    return replace(cluster, devices=devices)
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Read and validate a cluster spec file."""
     path = Path(path)
@@ -261,6 +293,7 @@ def load_cluster(path: str | Path) -> Cluster:
 def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     """The YAML document for ``cluster`` (one device entry per device)."""
     nodes: dict[str, list[dict[str, Any]]] = {}
+    ray_nodes = {d.node: d.ray_node for d in cluster.devices if d.ray_node is not None}
     for d in cluster.devices:
         gpu = lookup(d.type)
         entry: dict[str, Any] = {"type": d.type, "count": 1}
@@ -274,7 +307,10 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
         simulation["faults"] = [f.to_dict() for f in cluster.simulation.faults]
     return {
         "name": cluster.name,
-        "nodes": [{"name": n, "devices": devs} for n, devs in nodes.items()],
+        "nodes": [
+            {"name": n, **({"ray_node": ray_nodes[n]} if n in ray_nodes else {}), "devices": devs}
+            for n, devs in nodes.items()
+        ],
         "links": cluster.links.to_dict(),
         "simulation": simulation,
     }

@@ -8,6 +8,13 @@ ends. An actor that died (a crash, a killed process, a lost node) or that a
 failed run gave back (:meth:`WorkerPool.discard`: its collective may be
 stuck) is started again on the next :meth:`WorkerPool.acquire`.
 
+Placement: a device of the embedded local Ray lands by its ``hetsched:``
+resource (:func:`workers.actors.actor_options`); a device whose spec node
+names a Ray node (``ray_node``, a simulated cluster on an external Ray), or
+a real GPU, is pinned to the Ray node that name matches now
+(:mod:`workers.placement`). Such a device is lost while no live node
+matches it, and back once one does.
+
 A service keeps one pool for its lifetime; ``hetsched simulate`` one per
 command; :func:`workers.session.train` without a pool uses a temporary one.
 """
@@ -20,10 +27,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from scheduler.cluster import Cluster
-from workers.actors import actor_options, gather
+from workers.actors import actor_options, device_resource, gather
 from workers.errors import WorkerError
+from workers.placement import live_nodes, resolve, selector_of
 from workers.worker import DeviceWorker
 
 PING_TIMEOUT_S = 10.0
@@ -40,8 +49,6 @@ class WorkerPool:
         self.simulated = simulated
         self._actors: dict[str, Any] = {}
         self._lost: set[str] = set()
-        self._node_of: dict[str, str] = {}
-        """Device id -> the Ray node its worker runs on (to tell a lost node)."""
         self._lock = threading.Lock()
         self._remote = ray.remote(DeviceWorker)
 
@@ -69,10 +76,15 @@ class WorkerPool:
         self.acquire(list(device_ids) if device_ids is not None else self.cluster.ids)
 
     def lost(self) -> set[str]:
-        """Devices that cannot be used: marked lost, or on a Ray node that is not alive."""
-        alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+        """Devices that cannot be used: marked lost, or placed on a Ray node (by name)
+        that no live node answers to now."""
+        named = self._placed_by_name(self.cluster.ids)
+        gone: set[str] = set()
+        if named:
+            nodes = live_nodes()
+            gone = {d for d, s in named.items() if not any(n.answers_to(s) for n in nodes)}
         with self._lock:
-            return set(self._lost) | {d for d, n in self._node_of.items() if n not in alive}
+            return set(self._lost) | gone
 
     def mark_lost(self, device_ids: Sequence[str], lost: bool = True) -> None:
         """Take devices out of service (a simulated fault), or bring them back."""
@@ -136,9 +148,31 @@ class WorkerPool:
     def _spawn(self, device_id: str) -> Any:
         device = self.cluster.device(device_id)
         options = actor_options(device, simulated=self.simulated)
+        selector = self._placed_by_name([device_id]).get(device_id)
+        if self.simulated and selector is not None:
+            node = resolve(selector, live_nodes(), where=device_id)
+            if node is None:
+                raise WorkerError(f"{device_id}: device lost (no live Ray node is {selector!r})")
+            options.pop("resources", None)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                node.node_id, soft=False
+            )
         return self._remote.options(**options).remote(
             device_id, simulated=self.simulated, gpu_index=None if self.simulated else device.index
         )
+
+    def _placed_by_name(self, device_ids: Sequence[str]) -> dict[str, str]:
+        """Device id -> the Ray node name that places it, for those placed by name
+        (a local Ray's own ``hetsched:`` resources win over a spec's ``ray_node``)."""
+        named = {
+            d: s
+            for d in device_ids
+            if (s := selector_of(self.cluster.device(d), simulated=self.simulated)) is not None
+        }
+        if not named or not self.simulated:
+            return named
+        resources = ray.cluster_resources()
+        return {d: s for d, s in named.items() if device_resource(d) not in resources}
 
     def _drop_dead(self, device_ids: list[str]) -> None:
         refs = {self._actors[d].pid.remote(): d for d in device_ids}

@@ -4,9 +4,16 @@
                                             (simulated devices), SQLite in ./.hetsched
     hetsched serve --cluster my.yaml        simulate another cluster spec
     hetsched serve --ray-address HOST:6379  attach to a real Ray cluster and use its GPUs
+    hetsched serve --ray-address HOST:6379 --cluster my.yaml
+                                            simulate my.yaml's devices on the Ray nodes it
+                                            names (each spec node's ray_node, or its name)
     hetsched serve --db postgresql+psycopg://user@db/hetsched
 
 Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.Settings`.
+A Ray cluster with token authentication (``ray start`` turns it on) needs its
+token in ``RAY_AUTH_TOKEN`` (or a file named by ``RAY_AUTH_TOKEN_PATH``, or
+``~/.ray/auth_token``); without it, or with a wrong one, ``serve`` stops at
+once with one line saying so.
 """
 
 from __future__ import annotations
@@ -29,8 +36,17 @@ def add_parser(subparsers: Any) -> None:
         description="Run the control plane. With no arguments: a local simulated mixed "
         "cluster and a SQLite database in the data directory.",
     )
-    parser.add_argument("--cluster", type=Path, help="cluster spec to simulate locally")
-    parser.add_argument("--ray-address", help="attach to this Ray cluster (real GPUs)")
+    parser.add_argument(
+        "--cluster",
+        type=Path,
+        help="cluster spec to simulate: on a local Ray, or with --ray-address on the "
+        "Ray nodes the spec names",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="attach to this Ray cluster: its GPUs, or the simulated devices of --cluster "
+        "(token: RAY_AUTH_TOKEN)",
+    )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
     parser.add_argument("--db", help="SQLAlchemy URL (default sqlite in the data directory)")
@@ -111,10 +127,17 @@ def run(args: argparse.Namespace) -> int:
     check_exposure(settings.host, token=settings.token, insecure_no_token=args.insecure_no_token)
     if not settings.ray_address:
         load_cluster(settings.cluster_file)  # a bad spec is a one-line error, not a dead service
+    else:
+        from api.services import check_external_ray
+
+        check_external_ray(settings)  # no token, a refused one, a missing node: one line
     _check_port_free(settings.host, settings.port)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     host = "localhost" if settings.host in ("0.0.0.0", "::") else settings.host
-    where = settings.ray_address or f"local simulation of {settings.cluster_file.name}"
+    where = f"local simulation of {settings.cluster_file.name}"
+    if settings.ray_address:
+        simulating = f" simulating {settings.cluster_file.name}" if settings.cluster else ""
+        where = f"Ray at {settings.ray_address}{simulating}"
     print(f"hetsched: control plane on {where}; data in {settings.data_dir.resolve()}")
     print(f"hetsched: dashboard at http://{host}:{settings.port}/  (API docs at /docs)", flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")

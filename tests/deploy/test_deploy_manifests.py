@@ -339,7 +339,8 @@ def test_the_checks_reject_what_would_break_a_deployment() -> None:
 def test_readme_hetsched_commands_parse() -> None:
     """Every ``hetsched ...`` line in deploy/README.md's code blocks is accepted by the CLI."""
     text = (DEPLOY / "README.md").read_text()
-    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.DOTALL)
+    fenced = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    blocks = [body for lang, body in fenced if lang in ("", "bash", "sh")]
     lines = [line.strip() for block in blocks for line in block.splitlines()]
     commands = [shlex.split(line, comments=True) for line in lines if line.startswith("hetsched ")]
     assert commands
@@ -360,7 +361,13 @@ def test_kustomize_renders_the_manifests() -> None:
     )
     assert rendered.returncode == 0, rendered.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d)
-    assert kinds == ["Deployment", "PersistentVolumeClaim", "RayCluster", "Service"]
+    assert kinds == [
+        "Deployment",
+        "PersistentVolumeClaim",
+        "PersistentVolumeClaim",
+        "RayCluster",
+        "Service",
+    ]
 
 
 def test_compose_services_on_the_network_require_the_api_token() -> None:
@@ -378,3 +385,86 @@ def test_compose_services_on_the_network_require_the_api_token() -> None:
                 token = service["environment"]["HETSCHED_API_TOKEN"]
                 assert token.startswith("${HETSCHED_API_TOKEN:?"), (name, token)
     assert serving == 2  # the control plane and the simulation
+
+
+# --- token authentication and the shared checkpoint volume ---------------------------
+
+
+def compose_ray_services() -> dict[str, dict[str, Any]]:
+    """Compose services that are Ray nodes or attach to the Ray cluster."""
+    (compose,) = load_all(COMPOSE)
+    found = {}
+    for name, service in compose["services"].items():
+        for argv in command_lines(service["command"]):
+            is_ray = argv[:2] == ["ray", "start"]
+            if is_ray or (argv[0] == "hetsched" and check_hetsched(argv).ray_address):
+                found[name] = service
+    return found
+
+
+def test_compose_ray_cluster_runs_under_token_authentication() -> None:
+    """Head, workers and the control plane all speak token auth with one shared token,
+    which compose demands (``${VAR:?message}``) rather than defaulting to empty."""
+    services = compose_ray_services()
+    assert {"ray-head", "ray-worker-1", "ray-worker-2", "control-plane"} <= set(services)
+    for name, service in services.items():
+        env = service["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        assert env["RAY_AUTH_TOKEN"].startswith("${RAY_AUTH_TOKEN:?"), (name, env)
+
+
+def test_compose_checkpoints_go_to_one_volume_every_ray_node_mounts() -> None:
+    (compose,) = load_all(COMPOSE)
+    services = compose_ray_services()
+    uri = services["control-plane"]["environment"]["HETSCHED_CHECKPOINT_URI"]
+    volumes = set()
+    for name, service in services.items():
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}  # path -> volume
+        assert uri in mounts, f"{name} does not mount the checkpoint location {uri}"
+        volumes.add(mounts[uri])
+    assert len(volumes) == 1, f"every node must mount the same volume at {uri}: {volumes}"
+    assert volumes <= set(compose["volumes"]), "a named volume, shared by the containers"
+    assert f"mkdir -p /data {uri}" in DOCKERFILE.read_text(), "the mount point, owned by hetsched"
+
+
+def kuberay_ray_pods() -> dict[str, dict[str, Any]]:
+    """Pod specs of the Ray head, every worker group and the control plane."""
+    spec = one("RayCluster")["spec"]
+    pods = {"head": spec["headGroupSpec"]["template"]["spec"]}
+    for group in spec["workerGroupSpecs"]:
+        pods[group["groupName"]] = group["template"]["spec"]
+    pods["control-plane"] = one("Deployment")["spec"]["template"]["spec"]
+    return pods
+
+
+def test_kuberay_every_ray_pod_and_the_control_plane_get_one_ray_token() -> None:
+    secrets = set()
+    for name, pod in kuberay_ray_pods().items():
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", name
+        ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref.get("optional", False) is False, f"{name}: a missing token must stop the pod"
+        secrets.add((ref["name"], ref["key"]))
+    assert len(secrets) == 1, f"one token for the whole cluster, found {secrets}"
+
+
+def test_kuberay_checkpoints_go_to_one_shared_claim_every_pod_mounts() -> None:
+    pods = kuberay_ray_pods()
+    (plane,) = pods["control-plane"]["containers"]
+    uri = next(e["value"] for e in plane["env"] if e["name"] == "HETSCHED_CHECKPOINT_URI")
+    claims = set()
+    for name, pod in pods.items():
+        (container,) = pod["containers"]
+        mounted = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert uri in mounted, f"{name} does not mount the checkpoint location {uri}"
+        volume = next(v for v in pod["volumes"] if v["name"] == mounted[uri])
+        claims.add(volume["persistentVolumeClaim"]["claimName"])
+    assert len(claims) == 1, f"every pod must mount the same claim at {uri}: {claims}"
+    (claim,) = claims
+    pvc = next(
+        d
+        for d in kuberay_docs()
+        if d.get("kind") == "PersistentVolumeClaim" and d["metadata"]["name"] == claim
+    )
+    assert "ReadWriteMany" in pvc["spec"]["accessModes"], "many pods mount it at once"

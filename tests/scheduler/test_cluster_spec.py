@@ -235,3 +235,18 @@ def test_simulation_lists_faults_among_its_keys() -> None:
     message = spec_error(spec(simulation={"fault": []}))
     assert message == "simulation.fault: unknown key; allowed: faults, memory_scale"
     assert parse_cluster(spec(simulation={"faults": None})).simulation.faults == ()
+
+
+def test_a_node_may_name_the_ray_node_its_devices_run_on() -> None:
+    from scheduler.cluster import with_ray_nodes
+
+    data = spec()
+    data["nodes"][0]["ray_node"] = "10.0.0.7"
+    cluster = parse_cluster(data)
+    assert {d.node: d.ray_node for d in cluster.devices} == {"a": "10.0.0.7", "b": None}
+    placed = with_ray_nodes(cluster)
+    assert {d.node: d.ray_node for d in placed.devices} == {"a": "10.0.0.7", "b": "b"}
+    again = parse_cluster(yaml.safe_load(yaml.safe_dump(cluster_to_dict(placed))))
+    assert again == placed
+    data["nodes"][0]["ray_node"] = ""
+    assert spec_error(data).startswith("nodes[0].ray_node: must be a Ray node id, IP address")
