@@ -141,8 +141,8 @@ def _connect_external(settings: Settings, address: str) -> ClusterHandle:
         from workers.ray_connect import connect
         from workers.session import WorkerPool, connect_ray
 
-        connect(address)
         if settings.cluster is not None:
+            connect(address)
             cluster = with_ray_nodes(load_cluster(settings.cluster))
             check_placement(cluster, live_nodes(), simulated=True)
         else:

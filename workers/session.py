@@ -83,11 +83,9 @@ def connect_ray(address: str) -> Cluster:
     device ``NODE/INDEX`` is the GPU of that physical index, which its worker
     is pinned to.
     """
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise WorkerError(f"ray-address: cannot connect to {address}: {exc}") from exc
+    from workers.ray_connect import connect
+
+    connect(address)  # token authentication checked, one line when it fails
     devices: list[Device] = []
     for info in sorted(ray.nodes(), key=lambda n: str(n.get("NodeManagerAddress"))):
         if not info.get("Alive") or int(info.get("Resources", {}).get("GPU", 0)) == 0:
