@@ -27,11 +27,11 @@ from scheduler.plan import Plan
 from scheduler.replan import ReplanDecision
 from workers import driver
 from workers.checkpoint import CheckpointInfo, CheckpointStore
-from workers.driver import Checkpointing
+from workers.driver import Checkpointing, Validation
 from workers.errors import WorkerError
 from workers.faults import FaultInjector
 from workers.pool import WorkerPool
-from workers.records import StepMetrics, TrainResult, median_devices
+from workers.records import StepMetrics, TrainResult, median_devices, val_losses
 from workers.replanning import Replanner
 from workers.spec import RankSpec, RunSpec
 
@@ -99,6 +99,7 @@ def train_job(
     replanner: Replanner | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
     keep_state: bool = False,
+    validation: Validation | None = None,
 ) -> TrainResult:
     """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
 
@@ -147,6 +148,7 @@ def train_job(
                 replanner=replanner,
                 on_replan=on_replan,
                 keep_state=keep_state,
+                validation=validation,
             )
             stopped = result.stopped
             if result.next_plan is None or checkpointing is None:
@@ -184,6 +186,7 @@ def train_job(
     return TrainResult(
         steps_done=len(history),
         losses=[m.loss for m in history],
+        val_losses=val_losses(history),
         step_times_s=[m.step_s for m in history],
         devices=median_devices(final_plan_steps),
         stopped=stopped,
