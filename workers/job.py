@@ -115,6 +115,7 @@ def train_job(
     failures: list[str] = []
     pending: dict[str, Any] | None = None  # a recovery waiting for its first step
     stopped = False
+    initial = restore
 
     def seen(metrics: StepMetrics) -> None:
         nonlocal pending, last_step
@@ -168,7 +169,8 @@ def train_job(
                 ) from exc
             lost = pool.lost() & {d.id for d in plan.devices}
             new_plan = replan(lost)
-            restore = CheckpointStore(checkpointing.root).latest()
+            # Before the job's first checkpoint, start again from where it started.
+            restore = CheckpointStore(checkpointing.root).latest() or initial
             pending = {
                 "started": noticed,
                 "time_s": noticed_s,

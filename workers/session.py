@@ -38,7 +38,7 @@ from scheduler.profile import Profile
 from scheduler.replan import ReplanDecision
 from workers.actors import start_local_ray
 from workers.calibration import default_cache_dir
-from workers.checkpoint import CheckpointInfo, CheckpointStore
+from workers.checkpoint import CheckpointInfo, CheckpointStore, write_weights
 from workers.data import open_dataset
 from workers.driver import Checkpointing, Validation, default_validation
 from workers.errors import WorkerError
@@ -71,6 +71,7 @@ __all__ = [
     "profile_cluster",
     "start_local_ray",
     "train",
+    "write_weights",
 ]
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
