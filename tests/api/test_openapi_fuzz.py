@@ -74,9 +74,9 @@ def _skip_unstated_rule(case: schemathesis.Case) -> None:
         if numbers and heads and d_model % heads:  # JSON's 110.0 is an integer too
             reject()
         kv = model.get("num_kv_heads")  # num_heads a multiple of it; gpt: equal or 0
-        if isinstance(kv, int | float) and kv and isinstance(heads, int | float):
-            if heads % kv or (model.get("family", "gpt") == "gpt" and kv != heads):
-                reject()
+        kv_numbers = isinstance(kv, int | float) and kv and isinstance(heads, int | float)
+        if kv_numbers and (heads % kv or (model.get("family", "gpt") == "gpt" and kv != heads)):
+            reject()
 
 
 def _checks(case: schemathesis.Case) -> list[Any]:
