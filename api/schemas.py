@@ -182,8 +182,7 @@ class ModelDims(_In):
             )
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
-                f"{self.num_kv_heads}"
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
             )
         if self.family == "gpt" and self.num_kv_heads not in (0, self.num_heads):
             raise ValueError(
