@@ -6,9 +6,10 @@ documents are stored as text. SQLite runs in WAL mode so the dashboard's
 readers never wait for the executor's per-step writes.
 
 Tables: ``jobs`` (one row per job: spec, state, plan, running aggregates),
-``job_steps`` (per-step metrics), ``job_logs`` (what the executor did) and
-``profiles`` (the profiles measured so far). The stored plan and last step
-are what a later resume of a job interrupted by a restart needs.
+``job_steps`` (per-step metrics, the validation loss where evaluated),
+``job_logs`` (what the executor did) and ``profiles`` (the profiles measured
+so far). The stored plan and last step are what a later resume of a job
+interrupted by a restart needs.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class StepRow(Base):
     samples_per_s: Mapped[float] = mapped_column(Float)
     devices_json: Mapped[str] = mapped_column(Text)
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Validation loss after the step; NULL on steps without an evaluation."""
 
 
 class LogRow(Base):

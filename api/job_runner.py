@@ -11,8 +11,9 @@ on the cluster handle's warm workers through ``workers.session.train`` with:
   checkpoint restored into that plan;
 - live re-planning when a device's speed changes (``replan``, default the
   service's ``HETSCHED_REPLAN``);
-- a start from another job's checkpoint (``init_from``), or, when the service
-  restarted while the job ran, from the job's own last checkpoint.
+- a start from another job's checkpoint or a Hugging Face directory in the
+  data directory (``init_from``), or, when the service restarted while the
+  job ran, from the job's own last checkpoint.
 
 Every recovery, re-plan and restart is an event on the job (``GET
 /jobs/{id}``) and a log line; every checkpoint is listed.
@@ -25,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from api.services import ClusterHandle, Profiler, model_from_ref, plan_summary, resolve_dataset
+from api.services import (
+    ClusterHandle,
+    Profiler,
+    _inside,
+    model_from_ref,
+    plan_summary,
+    resolve_dataset,
+)
 from api.settings import Settings
 from api.store import JobRecord, JobStore
 from scheduler.errors import HetschedError
@@ -37,6 +45,20 @@ if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
     from workers.session import CheckpointInfo, Recovery, TrainResult
 
 MAX_CHECKPOINT_EVERY = 50
+SHAPE_FIELDS = (
+    "family",
+    "num_layers",
+    "d_model",
+    "num_heads",
+    "num_kv_heads",
+    "d_ff",
+    "vocab_size",
+    "max_seq_len",
+    "norm_eps",
+    "rope_theta",
+    "gelu_approximate",
+)
+"""What a job's model must share with ``init_from``'s weights (shapes and the functions)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,6 +107,7 @@ class JobRunner:
             LiveReplanning,
             OptimizerConfig,
             StepMetrics,
+            default_validation,
             train,
         )
 
@@ -131,10 +154,13 @@ class JobRunner:
                     for d in m.devices
                 ],
                 step_times_s=step_times,
+                val_loss=m.val_loss,
             )
             live.step_s, live.samples_per_s = m.step_s, m.samples_per_s
             live.steps_done = m.step + 1
             live.device_steps = {d.id: (d.busy_s, d.wait_s, d.peak_bytes) for d in m.devices}
+            if m.val_loss is not None:
+                store.log(job.id, "INFO", f"step {m.step + 1}: validation loss {m.val_loss:.4f}")
             if m.step < 3 or (m.step + 1) % every == 0 or m.step + 1 == spec.steps:
                 store.log(
                     job.id,
@@ -208,6 +234,9 @@ class JobRunner:
             if follow
             else None,
             on_replan=on_replan,
+            validation=default_validation(
+                spec.steps, every=spec.val_every, batches=spec.val_batches
+            ),
         )
 
     def _set_plan(self, job: JobRecord, live: LiveJob, plan: Plan) -> None:
@@ -241,6 +270,8 @@ class JobRunner:
                 return latest
         if job.spec.init_from is None:
             return None
+        if job.spec.init_from.startswith("hf:"):
+            return self._from_hf(job, job.spec.init_from.removeprefix("hf:"))
         other, _, step = job.spec.init_from.partition("@")
         if self.store.get(other) is None:
             raise HetschedError(f"init_from: no job {other!r}")
@@ -251,4 +282,30 @@ class JobRunner:
         self.store.log(
             job.id, "INFO", f"starting from job {other}'s checkpoint of step {info.step}"
         )
+        return info
+
+    def _from_hf(self, job: JobRecord, name: str) -> CheckpointInfo:
+        """``init_from: hf:DIR``: the Hugging Face directory's weights as a checkpoint of
+        step -1 under the job's root, which the job (and its recoveries) start from."""
+        from workers.hf import load_hf_directory
+        from workers.session import write_weights
+
+        directory = _inside(self.settings.data_dir, name, what="init_from")
+        if not directory.is_dir():
+            raise HetschedError(
+                f"init_from: no directory {name!r} in the server's data directory "
+                f"{self.settings.data_dir.resolve()}"
+            )
+        model = model_from_ref(job.spec.model, data_dir=self.settings.data_dir)
+        preset, state = load_hf_directory(directory, seq_len=model.seq_len)
+        for dim in SHAPE_FIELDS:
+            if getattr(preset, dim) != getattr(model, dim):
+                raise HetschedError(
+                    f"init_from: {name} holds a model with {dim} {getattr(preset, dim)}, the "
+                    f"job's has {getattr(model, dim)}; give the job model 'hf:{name}'"
+                )
+        info = write_weights(
+            f"{self.root(job.id)}/init-hf", state, {"job": job.id, "init_from": f"hf:{name}"}
+        )
+        self.store.log(job.id, "INFO", f"starting from the Hugging Face weights in {name}")
         return info

@@ -120,6 +120,25 @@ DatasetName = Annotated[
     AfterValidator(_printable),
     AfterValidator(_dataset_name),
 ]
+INIT_FROM_PATTERN = rf"^([0-9a-f]{{1,32}}(@[0-9]{{1,9}})?|hf:{_SEGMENT}(/{_SEGMENT})*)$"
+
+
+def _init_from(value: str) -> str:
+    if not re.fullmatch(INIT_FROM_PATTERN, value):
+        raise ValueError(
+            "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
+            "model directory inside the server's data directory (relative, no segment "
+            "starting with '.')"
+        )
+    return value
+
+
+InitFrom = Annotated[
+    str,
+    Field(min_length=1, max_length=255, json_schema_extra={"pattern": INIT_FROM_PATTERN}),
+    AfterValidator(_printable),
+    AfterValidator(_init_from),
+]
 StrategyName = Annotated[
     str,
     Field(json_schema_extra={"enum": list(allowed_strategies())}),
@@ -147,12 +166,28 @@ class ModelDims(_In):
     d_ff: int = Field(ge=1, le=262144)
     vocab_size: int = Field(ge=2, le=1_000_000)
     seq_len: int = Field(ge=1, le=131072)
+    num_kv_heads: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Key/value heads (grouped-query attention, llama only); num_heads must be "
+        "a multiple of it. 0 (the default): num_heads.",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelDims:
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}"
+            )
+        if self.num_kv_heads and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if self.family == "gpt" and self.num_kv_heads not in (0, self.num_heads):
+            raise ValueError(
+                f"num_kv_heads: the gpt family has no grouped-query attention; "
+                f"must be 0 or num_heads {self.num_heads}, got {self.num_kv_heads}"
             )
         return self
 
@@ -237,10 +272,26 @@ class JobCreate(PlanCreate):
         default=None,
         description="Follow a device's speed change by re-planning; default the service's.",
     )
-    init_from: str | None = Field(  # its pattern rules out control characters
+    init_from: InitFrom | None = Field(
         default=None,
-        pattern=r"^[0-9a-f]{1,32}(@[0-9]{1,9})?$",
-        description="Start from another job's checkpoint: 'JOB_ID' (its latest) or 'JOB_ID@STEP'.",
+        description="Start from another job's checkpoint, 'JOB_ID' (its latest) or "
+        "'JOB_ID@STEP', or from a Hugging Face model directory inside the server's data "
+        "directory, 'hf:DIR' (GPT-2 or Llama weights; the job's model must match them).",
+    )
+    val_every: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Steps between evaluations of the validation loss on the dataset's "
+        "held-out split (its last 5 %), and after the last step. Default: a tenth of the "
+        "job for jobs of 20 steps or more, never for shorter ones; 0: never.",
+    )
+    val_batches: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Validation samples per evaluation, in global batches (the same samples "
+        "at every evaluation).",
     )
     submission_id: Text | None = Field(
         default=None,
@@ -459,6 +510,9 @@ class DeviceStepPublic(BaseModel):
 class StepPublic(BaseModel):
     step: int
     loss: float
+    val_loss: float | None = Field(
+        default=None, description="Validation loss after this step; null when not evaluated."
+    )
     step_s: float
     samples_per_s: float
     devices: list[DeviceStepPublic]

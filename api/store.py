@@ -79,6 +79,7 @@ class StepRecord:
     samples_per_s: float
     devices: list[dict[str, Any]]
     time: datetime
+    val_loss: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -375,6 +376,7 @@ class JobStore:
         samples_per_s: float,
         devices: list[dict[str, Any]],
         step_times_s: list[float],
+        val_loss: float | None = None,
     ) -> None:
         """Store one step and refresh the job's aggregates (median after the warm-up step)."""
         warm = step_times_s[1:] or step_times_s
@@ -388,6 +390,7 @@ class JobStore:
                     samples_per_s=samples_per_s,
                     devices_json=json.dumps(devices),
                     time=now(),
+                    val_loss=val_loss,
                 )
             )
             session.execute(
@@ -415,6 +418,7 @@ class JobStore:
                     samples_per_s=r.samples_per_s,
                     devices=json.loads(r.devices_json),
                     time=_utc(r.time) or now(),
+                    val_loss=r.val_loss,
                 )
                 for r in rows
             ]

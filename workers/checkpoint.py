@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +136,35 @@ class CheckpointStore:
             torn_and_old = step < newest and step not in {c.step for c in done}
             if (step not in keep and step in {c.step for c in done}) or torn_and_old:
                 self.fs.rm(entry, recursive=True)
+
+
+def write_weights(
+    uri: str, state: Mapping[str, torch.Tensor], manifest: dict[str, Any]
+) -> CheckpointInfo:
+    """A checkpoint at ``uri`` of model weights alone (whole-model names), as of step -1.
+
+    No optimizer state: a run restoring it starts at step 0 with fresh AdamW
+    moments, which is how a fine-tune starts from released weights (a Hugging
+    Face directory, :mod:`workers.hf`). It lies outside the job's step
+    directories, so resuming and pruning never see it.
+    """
+    part = "part-0000.safetensors"
+    tensors = {
+        f"model/{name}": tensor.detach().cpu().contiguous()
+        for name, tensor in state.items()
+        if global_name(name) == name  # the tied head is stored as the embedding
+    }
+    doc = {
+        "format": FORMAT_VERSION,
+        "step": -1,
+        "parts": {part: write_part(uri, part, tensors)},
+        "optimizer_steps": 0,
+        **manifest,
+    }
+    fs, path = fsspec.core.url_to_fs(uri)
+    with fs.open(f"{path}/{MANIFEST}", "w") as f:
+        json.dump(doc, f, indent=2)
+    return CheckpointInfo(step=-1, uri=uri.rstrip("/"), manifest=doc)
 
 
 # --- inside a worker: one rank's part ------------------------------------------------

@@ -27,7 +27,7 @@ from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.errors import WorkerError
 from workers.faults import FaultInjector
 from workers.pool import WorkerPool
-from workers.records import RankStep, StepMetrics, TrainResult, median_devices
+from workers.records import RankStep, StepMetrics, TrainResult, median_devices, val_losses
 from workers.replanning import Replanner
 from workers.spec import RankSpec, RunSpec, reshare
 
@@ -50,6 +50,51 @@ class Checkpointing:
         by_steps = self.every_steps is not None and (step + 1) % self.every_steps == 0
         by_time = self.every_s is not None and since_s >= self.every_s
         return by_steps or by_time
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Validation:
+    """When a run evaluates the model on the held-out split, and on how much of it.
+
+    Evaluation runs after a step's update, forward only, on ``batches ×
+    global_batch`` validation samples spread evenly over the split and the
+    same at every evaluation (:mod:`workers.data`); every rank computes its
+    plan's share and the loss sums are SUM-reduced, so the figure is the same
+    whatever the plan. Its time is not part of the step's.
+    """
+
+    every_steps: int
+    """Evaluate after every this many steps, and after the job's last step."""
+    batches: int = 1
+    """Validation samples, in global batches."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise WorkerError(f"val_every: must be >= 1, got {self.every_steps}")
+        if self.batches < 1:
+            raise WorkerError(f"val_batches: must be >= 1, got {self.batches}")
+
+    def due(self, step: int, last_step: int) -> bool:
+        return (step + 1) % self.every_steps == 0 or step == last_step
+
+
+MIN_AUTO_VAL_STEPS = 20
+"""Jobs shorter than this are not evaluated unless asked (smoke tests, benchmarks)."""
+
+
+def default_validation(
+    steps: int, *, every: int | None = None, batches: int = 1
+) -> Validation | None:
+    """The validation a job of ``steps`` steps gets: ``every`` steps when given (0: none);
+    by default ten evaluations, a tenth of the job apart, the last after the final step,
+    for jobs of at least 20 steps, and none for shorter ones.
+
+    >>> default_validation(200).every_steps, default_validation(5), default_validation(5, every=1)
+    (20, None, Validation(every_steps=1, batches=1))
+    """
+    if every is None:
+        every = -(-steps // 10) if steps >= MIN_AUTO_VAL_STEPS else 0
+    return Validation(every_steps=every, batches=batches) if every > 0 else None
 
 
 SETUP_TIMEOUT_S = 180.0
@@ -96,10 +141,15 @@ def run_steps(
     on_step: Callable[[StepMetrics], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     before_step: Callable[[int], None] | None = None,
+    validation: Validation | None = None,
 ) -> tuple[list[StepMetrics], bool]:
-    """Run steps ``start_step …`` in lockstep; returns the history and whether it was stopped."""
+    """Run steps ``start_step …`` in lockstep; returns the history and whether it was stopped.
+
+    With ``validation``, the steps it makes due carry their validation loss.
+    """
     history: list[StepMetrics] = []
     timeout = step_timeout_s(plan)
+    last_step = start_step + steps - 1
     for step in range(start_step, start_step + steps):
         if should_stop is not None and should_stop():
             return history, True
@@ -113,12 +163,25 @@ def run_steps(
         loss = out[0].loss
         if not math.isfinite(loss):
             raise WorkerError(f"{ids[0]}: loss became {loss} at step {step} (diverged)")
+        val_loss = None
+        if validation is not None and validation.due(step, last_step):
+            val_loss = gather(
+                [a.evaluate.remote(validation.batches) for a in actors],
+                ids,
+                timeout_s=timeout,
+                what=f"validation after step {step}",
+            )[0]
+            if not math.isfinite(val_loss):
+                raise WorkerError(
+                    f"{ids[0]}: validation loss became {val_loss} at step {step} (diverged)"
+                )
         metrics = StepMetrics(
             step=step,
             loss=loss,
             step_s=step_s,
             samples_per_s=plan.global_batch / step_s,
             devices=tuple(o.device for o in out),
+            val_loss=val_loss,
         )
         history.append(metrics)
         if on_step is not None:
@@ -213,9 +276,11 @@ def run(
     replanner: Replanner | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
     at_checkpoint: Callable[[int, Plan, float], ReplanDecision | None] | None = None,
+    validation: Validation | None = None,
 ) -> TrainResult:
     """Train ``steps`` steps of ``plan`` from ``start_step`` on warm actors (module docstring).
 
+    ``validation``: evaluate the held-out split when it says (:class:`Validation`).
     ``restore``: a checkpoint (of any plan) every rank loads its slice from first.
     ``checkpointing``: write checkpoints as it says, and after the last step or a stop.
     ``faults``: carry out a simulated cluster's fault schedule before each step.
@@ -316,6 +381,7 @@ def run(
             on_step=after_step,
             should_stop=stop_now,
             before_step=(lambda step: faults.before_step(step, actors, ids)) if faults else None,
+            validation=validation,
         )
         stopped = stopped and not next_plan
         if checkpointing is not None and history and history[-1].step not in saved:
@@ -337,6 +403,7 @@ def run(
     return TrainResult(
         steps_done=len(history),
         losses=[m.loss for m in history],
+        val_losses=val_losses(history),
         step_times_s=[m.step_s for m in history],
         devices=median_devices(history),
         stopped=stopped,

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from workers.checkpoint import load_part, part_tensors, write_part
-from workers.data import open_dataset
+from workers.data import TokenDataset, open_dataset
 from workers.devices import TorchDevice
 from workers.model import lm_loss_sum
 from workers.models import build_model
@@ -110,6 +110,8 @@ class Engine(ABC):
         )
         self.loss_scale = 1.0 / (run.global_batch * run.preset.seq_len)
         self.sizes = micro_batch_sizes(rank.samples, rank.accum_steps)
+        self.val_data: TokenDataset | None = None
+        """The held-out split, opened at the first evaluation."""
         self.step_done = -1
         opt = run.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -148,6 +150,56 @@ class Engine(ABC):
     def close(self) -> None:
         """Release what the engine holds beyond its tensors (subgroups); the run ended."""
         return None
+
+    # --- validation -----------------------------------------------------------------
+
+    def val_micro_batches(
+        self, val_batches: int, *, load: bool = True
+    ) -> tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """This rank's (its pipeline's) share of the validation samples, in micro-batches.
+
+        ``val_batches × global_batch`` samples (:meth:`workers.data.TokenDataset.batch_starts`
+        of the ``val`` split: the same windows at every evaluation); a rank that computes
+        samples ``[o, o + n)`` of the global batch takes ``[o·k, (o + n)·k)`` of them, so
+        the shares of any plan cover every sample once. Micro-batches are no larger than
+        the plan's, so evaluation fits wherever training does. ``load=False``: the sizes
+        alone (a middle pipeline stage reads no tokens).
+        """
+        first, count = self.rank.offset * val_batches, self.rank.samples * val_batches
+        if count == 0:
+            return [], []
+        sizes = micro_batch_sizes(count, -(-count // max(1, self.rank.micro_batch)))
+        if not load:
+            return sizes, []
+        if self.val_data is None:
+            self.val_data = open_dataset(
+                self.run.dataset,
+                seq_len=self.run.preset.seq_len,
+                vocab_size=self.run.preset.vocab_size,
+                split="val",
+            )
+        x, y = self.val_data.device_batch(
+            seed=self.run.seed,
+            step=0,
+            global_batch=val_batches * self.run.global_batch,
+            offset=first,
+            samples=count,
+        )
+        device = self.device.torch_device
+        return sizes, micro_batches(x.to(device), y.to(device), sizes)
+
+    def mean_val_loss(self, loss_sum: float, val_batches: int, group: Any = None) -> float:
+        """SUM-reduce the ranks' summed token losses (float64, so the order of the
+        additions barely shows) into the mean over every validation token."""
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=self.device.torch_device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        tokens = val_batches * self.run.global_batch * self.run.preset.seq_len
+        return float(total.item()) / tokens
+
+    @abstractmethod
+    def evaluate(self, val_batches: int) -> float:
+        """Mean token loss of the current model on the validation samples, forward only
+        (every rank returns the same)."""
 
     @abstractmethod
     def grad_sq_norm(self) -> float:
@@ -205,6 +257,18 @@ class DataParallelEngine(Engine):
     def grad_sq_norm(self) -> float:
         # Every rank holds the whole summed gradient; the last slot is the loss.
         return float(self.flat[:-1].double().pow(2).sum())
+
+    def evaluate(self, val_batches: int) -> float:
+        model, device = self.model, self.device
+        _, pairs = self.val_micro_batches(val_batches)
+        loss_sum = 0.0
+        model.eval()
+        with torch.no_grad():
+            for xi, yi in pairs:
+                with device.autocast():
+                    loss_sum += float(lm_loss_sum(model(xi), yi))
+        model.train()
+        return self.mean_val_loss(loss_sum, val_batches)
 
     def step(self, step: int) -> RankStep:
         model, device = self.model, self.device

@@ -33,11 +33,11 @@ from scheduler.plan import Plan
 from scheduler.replan import ReplanDecision, ReplanSettings
 from workers import driver
 from workers.checkpoint import CheckpointInfo, CheckpointStore
-from workers.driver import Checkpointing
+from workers.driver import Checkpointing, Validation
 from workers.errors import WorkerError
 from workers.faults import FaultInjector
 from workers.pool import WorkerPool
-from workers.records import StepMetrics, TrainResult, median_devices
+from workers.records import StepMetrics, TrainResult, median_devices, val_losses
 from workers.replanning import Replanner
 from workers.spec import RankSpec, RunSpec
 
@@ -105,6 +105,7 @@ def train_job(
     replanner: Replanner | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
     keep_state: bool = False,
+    validation: Validation | None = None,
 ) -> TrainResult:
     """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
 
@@ -120,6 +121,7 @@ def train_job(
     failures: list[str] = []
     pending: dict[str, Any] | None = None  # a recovery waiting for its first step
     stopped = False
+    initial = restore
     left_out: set[str] = set()  # devices lost during this job, until they come back
     min_gain = ReplanSettings().min_relative_gain
 
@@ -186,6 +188,7 @@ def train_job(
                 on_replan=on_replan,
                 at_checkpoint=take_back if left_out else None,
                 keep_state=keep_state,
+                validation=validation,
             )
             stopped = result.stopped
             if result.next_plan is None or checkpointing is None:
@@ -206,7 +209,8 @@ def train_job(
             lost = pool.lost() & {d.id for d in plan.devices}
             left_out.update(lost)
             new_plan = replan(left_out)
-            restore = CheckpointStore(checkpointing.root).latest()
+            # Before the job's first checkpoint, start again from where it started.
+            restore = CheckpointStore(checkpointing.root).latest() or initial
             pending = {
                 "started": noticed,
                 "time_s": noticed_s,
@@ -224,6 +228,7 @@ def train_job(
     return TrainResult(
         steps_done=len(history),
         losses=[m.loss for m in history],
+        val_losses=val_losses(history),
         step_times_s=[m.step_s for m in history],
         devices=median_devices(final_plan_steps),
         stopped=stopped,

@@ -88,9 +88,38 @@ class PipelineEngine(Engine):
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
-    def _activation(self, i: int) -> torch.Tensor:
+    def _activation(self, i: int, size: int | None = None) -> torch.Tensor:
+        """A buffer for micro-batch ``i``'s activations (``size`` samples when given)."""
         T, C = self.run.preset.seq_len, self.run.preset.d_model
-        return torch.empty(self.sizes[i], T, C, device=self.device.torch_device, dtype=self.dtype)
+        n = self.sizes[i] if size is None else size
+        return torch.empty(n, T, C, device=self.device.torch_device, dtype=self.dtype)
+
+    # --- validation ----------------------------------------------------------------
+
+    def evaluate(self, val_batches: int) -> float:
+        """Forward only, stage after stage: each micro-batch's activations go to the next
+        stage (a lone send in one direction cannot deadlock), the last stage sums the
+        loss, and the sum is reduced over every rank as in training."""
+        role, model, device = self.role, self.model, self.device
+        sizes, pairs = self.val_micro_batches(val_batches, load=role.is_first or role.is_last)
+        loss_sum = 0.0
+        model.eval()
+        with torch.no_grad():
+            for i, size in enumerate(sizes):
+                if role.prev_rank is None:
+                    inp = pairs[i][0]
+                else:
+                    inp = self._activation(i, size)
+                    self._exchange(None, (inp, role.prev_rank))
+                with device.autocast():
+                    out = model(inp)
+                if role.is_last:
+                    loss_sum += float(lm_loss_sum(out, pairs[i][1]))
+                else:
+                    assert role.next_rank is not None
+                    self._exchange((out.to(self.dtype).contiguous(), role.next_rank), None)
+        model.train()
+        return self.mean_val_loss(loss_sum, val_batches, self.loss_group)
 
     # --- the step ----------------------------------------------------------------
 

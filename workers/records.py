@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -94,6 +94,9 @@ class StepMetrics:
     step_s: float
     samples_per_s: float
     devices: tuple[DeviceStep, ...]
+    val_loss: float | None = None
+    """Mean token loss on the held-out validation samples after this step's update;
+    None on steps without an evaluation (:class:`workers.driver.Validation`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +108,8 @@ class TrainResult:
     """Per device, medians over the steps after the first."""
     stopped: bool
     """True when should_stop() ended the run early."""
+    val_losses: dict[int, float] = field(default_factory=dict)
+    """Step -> validation loss after it, for the steps that were evaluated."""
     state: dict[str, Any] | None = None
     """Rank 0's model and optimizer state after the last step, when asked for
     (``train(..., keep_state=True)``): a checkpoint to resume or verify from."""
@@ -129,3 +134,8 @@ def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:
             )
         )
     return tuple(out)
+
+
+def val_losses(steps: list[StepMetrics]) -> dict[int, float]:
+    """The validation losses of the steps that have one."""
+    return {s.step: s.val_loss for s in steps if s.val_loss is not None}

@@ -38,8 +38,9 @@ from scheduler.profile import Profile
 from scheduler.replan import ReplanDecision
 from workers.actors import start_local_ray
 from workers.calibration import default_cache_dir
-from workers.checkpoint import CheckpointInfo, CheckpointStore
-from workers.driver import Checkpointing
+from workers.checkpoint import CheckpointInfo, CheckpointStore, write_weights
+from workers.data import open_dataset
+from workers.driver import Checkpointing, Validation, default_validation
 from workers.errors import WorkerError
 from workers.faults import FaultInjector
 from workers.job import Recovery, train_job
@@ -61,13 +62,16 @@ __all__ = [
     "OptimizerConfig",
     "StepMetrics",
     "TrainResult",
+    "Validation",
     "WorkerError",
     "WorkerPool",
     "connect_ray",
+    "default_validation",
     "pacing_margin",
     "profile_cluster",
     "start_local_ray",
     "train",
+    "write_weights",
 ]
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
@@ -186,6 +190,7 @@ def train(
     faults: FaultSchedule | None = None,
     live: LiveReplanning | None = None,
     on_replan: Callable[[ReplanDecision], None] | None = None,
+    validation: Validation | None = None,
 ) -> TrainResult:
     """Train ``plan`` up to ``steps`` steps and return the losses and timings.
 
@@ -208,10 +213,14 @@ def train(
     ``faults`` injects a simulated cluster's faults (:mod:`workers.faults`);
     ``live`` follows speed changes (:mod:`workers.replanning`), in place for
     data parallelism and, with ``checkpointing``, through a checkpoint otherwise.
+    ``validation`` evaluates the dataset's held-out split (:class:`Validation`);
+    each evaluated step's :class:`StepMetrics` carries its ``val_loss``.
     """
     check_trainable(model)
     if steps < 0:
         raise WorkerError(f"steps: must be >= 0, got {steps}")
+    if validation is not None:  # a split too short for one sample: say so before any worker
+        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
     for d in plan.devices:
         cluster.device(d.id)
     if not ray.is_initialized():
@@ -256,6 +265,7 @@ def train(
             replanner=replanner,
             on_replan=on_replan,
             keep_state=keep_state,
+            validation=validation,
         )
     finally:
         if injector is not None:

@@ -131,6 +131,10 @@ class DeviceWorker:
                 device.capacity_bytes,
             ) from exc
 
+    def evaluate(self, val_batches: int) -> float:
+        """Mean validation loss of the current model (:meth:`workers.engine.Engine.evaluate`)."""
+        return self._engine().evaluate(val_batches)
+
     def reshard(self, rank: RankSpec) -> None:
         """Take another share of the batch between two steps (an in-place re-plan)."""
         self._engine().reshard(rank)

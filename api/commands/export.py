@@ -1,5 +1,8 @@
 """``hetsched export``: a trained model as a Hugging Face directory.
 
+    hetsched export 3f2a9c01 --format hf -o out/                # a job's latest checkpoint
+    hetsched export 3f2a9c01@39 -o out/ --data-dir /srv/hetsched # its checkpoint of step 39
+    hetsched export .hetsched/checkpoints/3f2a9c01 -o out/       # a checkpoint directory
     hetsched export run.pt --format hf -o out/
     hetsched export model.safetensors --format hf -o out/ --tokenizer data.tokenizer.json
 
@@ -7,27 +10,45 @@ writes ``out/config.json`` and ``out/model.safetensors`` (and
 ``out/tokenizer.json``), which ``transformers``' ``AutoModelForCausalLM``
 (``GPT2LMHeadModel`` or ``LlamaForCausalLM``) loads with hetsched's logits.
 
-A CHECKPOINT is, for now, either a ``torch.save`` file holding
-``{"model": state_dict, "preset": preset}`` (the preset's fields as a dict,
-or a preset name; optionally ``"tokenizer": path``), or a ``.safetensors``
-file of the state dict with a small JSON beside it, ``FILE.safetensors.json``,
-holding ``{"preset": ...}``. Reading the file is kept apart from the mapping
-(workers/hf.py), so the durable checkpoint format plugs in here alone.
+A CHECKPOINT is one of:
+
+- a job id, ``JOB_ID`` (its latest checkpoint) or ``JOB_ID@STEP``, looked up
+  in the service's database and checkpoint storage (``--data-dir``, default
+  ``./.hetsched`` as ``hetsched serve``; ``HETSCHED_DB_URL`` and
+  ``HETSCHED_CHECKPOINT_URI`` as the service reads them); the tokenizer of
+  the job's dataset goes with it when it has one;
+- a durable checkpoint directory (:mod:`workers.checkpoint`): one step's
+  ``step-NNNNNNNN`` directory, or a job's root holding them (the latest);
+  its manifest has the model's dimensions;
+- a ``torch.save`` file holding ``{"model": state_dict, "preset": preset}``
+  (the preset's fields as a dict, or a preset name; optionally
+  ``"tokenizer": path``), or a ``.safetensors`` file of the state dict with
+  a small JSON beside it, ``FILE.safetensors.json``, holding ``{"preset": ...}``.
+
+Reading is kept apart from the mapping (workers/hf.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from api.db import make_engine
+from api.settings import Settings
+from api.store import JobStore
 from scheduler.errors import HetschedError
 from scheduler.models import ModelPreset, get_preset, preset_from_dict
+from workers.checkpoint import MANIFEST, CheckpointInfo, CheckpointStore, read_tensors
+from workers.datafile import describe_file
 from workers.hf import read_safetensors, save_hf_directory
+
+JOB_REF = re.compile(r"^([0-9a-f]{1,32})(?:@([0-9]{1,9}))?$")
 
 FORMATS = ("hf",)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -40,12 +61,24 @@ def add_parser(subparsers: Any) -> None:
         description="Export a trained model: config.json + model.safetensors (+ tokenizer.json) "
         "that transformers' AutoModelForCausalLM loads.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a .pt or .safetensors file")
+    parser.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a job id (JOB_ID or JOB_ID@STEP), a checkpoint directory, or a .pt or "
+        ".safetensors file",
+    )
     parser.add_argument("--format", choices=FORMATS, default="hf", help="(default: %(default)s)")
     parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write")
     parser.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json to ship with it")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="weights' type (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="the service's data directory, to find a job (default: as hetsched serve, "
+        "./.hetsched or HETSCHED_DATA_DIR)",
     )
     parser.set_defaults(run=run)
 
@@ -86,13 +119,111 @@ def read_checkpoint(path: Path) -> tuple[ModelPreset, dict[str, Any], str | None
     return _preset(raw.get("preset"), str(path)), raw["model"], raw.get("tokenizer")
 
 
+def find_in_directory(path: Path) -> CheckpointInfo:
+    """The checkpoint of a step directory, or the latest under a job's root."""
+    if re.fullmatch(r"step-\d{8}", path.name) or (path / MANIFEST).exists():
+        store, step = CheckpointStore(str(path.parent)), int(path.name.removeprefix("step-"))
+        found = [c for c in store.complete() if c.step == step]
+        if not found:
+            raise HetschedError(
+                f"checkpoint: {path} has no {MANIFEST}; it is torn (a crash while it was "
+                "written) and cannot be exported"
+            )
+        return found[0]
+    info = CheckpointStore(str(path)).latest()
+    if info is None:
+        torn = sorted(p.name for p in path.glob("step-*"))
+        what = f"only torn ones ({', '.join(torn)}: no {MANIFEST})" if torn else "none"
+        raise HetschedError(f"checkpoint: {path} holds no complete checkpoint; {what}")
+    return info
+
+
+def find_job_checkpoint(ref: str, data_dir: Path | None) -> tuple[CheckpointInfo, Path]:
+    """``JOB_ID`` or ``JOB_ID@STEP`` in the service's records; the checkpoint and the
+    service's data directory."""
+    match = JOB_REF.match(ref)
+    assert match is not None
+    job_id, step = match.group(1), match.group(2)
+    settings = Settings(data_dir=data_dir) if data_dir is not None else Settings()
+    if not settings.db_url and not (settings.data_dir / "hetsched.db").is_file():
+        raise HetschedError(
+            f"export: no file or directory {ref!r}, and no hetsched database in "
+            f"{settings.data_dir.resolve()} to find a job in; give --data-dir"
+        )
+    engine = make_engine(settings.database_url)
+    try:
+        store = JobStore(engine)
+        if store.get(job_id) is None:
+            raise HetschedError(f"export: no job {job_id} in {settings.data_dir.resolve()}")
+        records = store.checkpoints(job_id)
+    finally:
+        engine.dispose()
+    root = (
+        records[-1].uri.rstrip("/").rsplit("/", 1)[0]
+        if records
+        else f"{settings.checkpoint_root}/{job_id}"
+    )
+    checkpoints = CheckpointStore(root)
+    info = checkpoints.get(int(step)) if step is not None else checkpoints.latest()
+    if info is None:
+        raise HetschedError(f"export: job {job_id} has no checkpoint yet")
+    return info, settings.data_dir
+
+
+def read_durable(info: CheckpointInfo) -> tuple[ModelPreset, dict[str, Any]]:
+    """The model and weights of a durable checkpoint (its manifest and safetensors parts)."""
+    where = f"{info.uri}/{MANIFEST}"
+    raw = info.manifest.get("model")
+    if not isinstance(raw, Mapping):
+        raise HetschedError(f"checkpoint: {where} lacks the model's dimensions ('model')")
+    preset = preset_from_dict(dict(raw), where=f"{where}.model")
+    names = [n for held in info.manifest.get("parts", {}).values() for n in held]
+    try:
+        tensors = read_tensors(
+            info.uri, info.manifest, [n for n in names if n.startswith("model/")]
+        )
+    except Exception as exc:  # a missing part, a truncated safetensors file
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise HetschedError(
+            f"checkpoint: {info.uri} is torn or corrupt (a part cannot be read: {first_line})"
+        ) from exc
+    return preset, {k.removeprefix("model/"): v for k, v in tensors.items()}
+
+
+def dataset_tokenizer(manifest: Mapping[str, Any], data_dir: Path) -> str | None:
+    """The tokenizer beside the job's dataset, when the job trained on a token file with one."""
+    spec = manifest.get("spec")
+    dataset = spec.get("dataset") if isinstance(spec, Mapping) else None
+    if not isinstance(dataset, str) or dataset == "default":
+        return None
+    path = data_dir / dataset
+    try:
+        tokenizer = describe_file(path).tokenizer
+    except HetschedError:
+        return None
+    return str(path.parent / tokenizer) if tokenizer else None
+
+
+def read_any(ref: str, data_dir: Path | None) -> tuple[ModelPreset, dict[str, Any], str | None]:
+    """The preset, weights and tokenizer (if any) of whatever CHECKPOINT names."""
+    path = Path(ref)
+    if path.is_dir():
+        preset, state = read_durable(find_in_directory(path))
+        return preset, state, None
+    if path.exists() or not JOB_REF.match(ref):
+        preset, state, tokenizer = read_checkpoint(path)
+        if tokenizer is not None:
+            tokenizer = str(path.parent / tokenizer)  # relative to the checkpoint
+        return preset, state, tokenizer
+    info, service_dir = find_job_checkpoint(ref, data_dir)
+    preset, state = read_durable(info)
+    return preset, state, dataset_tokenizer(info.manifest, service_dir)
+
+
 def run(args: argparse.Namespace) -> int:
-    checkpoint = Path(args.checkpoint)
-    preset, state, tokenizer = read_checkpoint(checkpoint)
+    preset, state, tokenizer = read_any(args.checkpoint, args.data_dir)
     if args.tokenizer:
         tokenizer = args.tokenizer
-    elif tokenizer is not None:
-        tokenizer = str(checkpoint.parent / tokenizer)  # relative to the checkpoint
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise HetschedError(f"--tokenizer: no file {tokenizer}")
     written = save_hf_directory(

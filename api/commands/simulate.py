@@ -9,7 +9,9 @@ memory-capped (DESIGN.md, "Simulated devices"), profiles them (cached), plans
 every strategy and trains each for ``--steps`` steps from the same seed. It
 reports per strategy the measured step time (median after the first step)
 and samples/s against the prediction, per-device busy and wait time, the loss
-at every step; then the ideal (sum over devices of each one's best solo
+at every step and the validation loss on the corpus's held-out split where it
+was evaluated (``--val-every``; by default ten times over runs of 20 steps or
+more); then the ideal (sum over devices of each one's best solo
 samples/s, from the profile) and the speed-up of dp over even. Progress goes
 to stderr; ``--json`` prints one JSON object to stdout and nothing else.
 """
@@ -63,9 +65,28 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--model",
         metavar="PRESET",
-        default="gpt-tiny",
-        help=f"model preset (default %(default)s): {', '.join(PRESETS)}; or a Hugging "
-        "Face config.json or model directory",
+        help=f"model preset (default gpt-tiny, or --init-from's): {', '.join(PRESETS)}; or "
+        "a Hugging Face config.json or model directory",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="DIR",
+        type=Path,
+        help="start every run from this Hugging Face model directory's weights (GPT-2, Llama)",
+    )
+    parser.add_argument(
+        "--val-every",
+        type=int,
+        metavar="N",
+        help="steps between validation-loss evaluations, and after the last step "
+        "(default: a tenth of the run for 20 steps or more, else none; 0: none)",
+    )
+    parser.add_argument(
+        "--val-batches",
+        type=int,
+        default=1,
+        metavar="N",
+        help="validation samples per evaluation, in global batches (default %(default)s)",
     )
     parser.add_argument(
         "--global-batch",
@@ -168,6 +189,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise HetschedError(f"--steps: must be >= 1, got {args.steps}")
     if args.seed < 0:
         raise HetschedError(f"--seed: must be >= 0, got {args.seed}")
+    if args.val_every is not None and args.val_every < 0:
+        raise HetschedError(f"--val-every: must be >= 0, got {args.val_every}")
+    if args.val_batches < 1:
+        raise HetschedError(f"--val-batches: must be >= 1, got {args.val_batches}")
+    if args.init_from is not None and not args.init_from.is_dir():
+        raise HetschedError(f"--init-from: no directory {args.init_from}")
 
 
 def simulate(
@@ -182,23 +209,30 @@ def simulate(
     refresh: bool,
     progress: Progress,
     replan: bool = True,
+    val_every: int | None = None,
+    val_batches: int = 1,
+    init_from: Path | None = None,
 ) -> dict[str, Any]:
     """Profile, plan and train each strategy; the JSON document of the command.
 
     The cluster's ``simulation.faults`` are injected into every run; each run
     checkpoints into a temporary directory, so it survives crashes and lost
     devices and, with ``replan``, follows speed changes (:mod:`workers.job`).
+    ``init_from``: a Hugging Face directory every run starts from.
     """
     from scheduler.faults import FaultSchedule
     from scheduler.planner import make_plan
     from workers.calibration import default_cache_dir
+    from workers.hf import load_hf_directory
     from workers.session import (
         Checkpointing,
         LiveReplanning,
         WorkerPool,
+        default_validation,
         profile_cluster,
         start_local_ray,
         train,
+        write_weights,
     )
 
     cache_dir = cache_dir or default_cache_dir()
@@ -208,7 +242,13 @@ def simulate(
     start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
     # One warm worker per device for the profile and every strategy's run.
     pool = WorkerPool(cluster, simulated=True)
+    validation = default_validation(steps, every=val_every, batches=val_batches)
+    start_dir = tempfile.TemporaryDirectory(prefix="hetsched-init-")
     try:
+        restore = None
+        if init_from is not None:
+            _, weights = load_hf_directory(init_from, seq_len=preset.seq_len)
+            restore = write_weights(start_dir.name, weights, {"init_from": str(init_from)})
         begin = time.perf_counter()
         progress.say("profiling (cached after the first run)...")
         # Per-layer figures only matter to the pipeline planners; skip them otherwise.
@@ -255,6 +295,8 @@ def simulate(
                     else None,
                     on_replan=lambda d, out=replans: out.append(d.to_dict()),
                     on_recovery=lambda r, out=recoveries: out.append(r.to_dict()),
+                    validation=validation,
+                    restore=restore,
                 )
             after_first = result.step_times_s[1:] or result.step_times_s
             measured = statistics.median(after_first)
@@ -266,6 +308,7 @@ def simulate(
                     "measured_step_s": measured,
                     "measured_samples_per_s": global_batch / measured,
                     "losses": result.losses,
+                    "val_losses": [result.val_losses.get(step) for step in range(steps)],
                     "step_times_s": result.step_times_s,
                     "replans": replans,
                     "recoveries": recoveries,
@@ -299,6 +342,7 @@ def simulate(
 
     finally:
         pool.shutdown()
+        start_dir.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,7 +355,9 @@ def run(args: argparse.Namespace) -> int:
             cluster,
             simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
         )
-    preset = resolve_model(args.model)
+    preset = resolve_model(
+        args.model or (f"hf:{args.init_from}" if args.init_from is not None else "gpt-tiny")
+    )
     check_trainable(preset)  # before starting Ray: a family the runtimes cannot build
     check_simulated_fit(cluster, preset, cluster.ids)  # any memory_scale: fits, or one line
     progress = Progress()
@@ -328,6 +374,9 @@ def run(args: argparse.Namespace) -> int:
             refresh=args.refresh,
             progress=progress,
             replan=not args.no_replan,
+            val_every=args.val_every,
+            val_batches=args.val_batches,
+            init_from=args.init_from,
         )
     if args.json:
         print(json.dumps(doc))
@@ -367,6 +416,7 @@ def render(doc: dict[str, Any]) -> str:
                 f"{r['measured_samples_per_s']:.1f}",
                 f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
                 f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+                _val_summary(r.get("val_losses") or []),
             ]
         )
     lines.append(
@@ -379,6 +429,7 @@ def render(doc: dict[str, Any]) -> str:
                 "samples/s",
                 "of ideal",
                 "loss",
+                "val loss",
             ],
             rows,
             right={1, 2, 3, 4, 5},
@@ -429,4 +480,22 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "loss per step:"]
     for r in doc["runs"]:
         lines.append(f"  {r['strategy']:<12} " + " ".join(f"{x:.3f}" for x in r["losses"]))
+    if any(v is not None for r in doc["runs"] for v in r.get("val_losses") or []):
+        lines += ["", "validation loss (held-out split) after step:"]
+        for r in doc["runs"]:
+            evaluated = [(i, v) for i, v in enumerate(r["val_losses"]) if v is not None]
+            lines.append(
+                f"  {r['strategy']:<12} " + " ".join(f"{i + 1}: {v:.3f}" for i, v in evaluated)
+            )
     return "\n".join(lines)
+
+
+def _val_summary(val_losses: list[float | None]) -> str:
+    evaluated = [v for v in val_losses if v is not None]
+    if not evaluated:
+        return "-"
+    return (
+        f"{evaluated[0]:.3f} -> {evaluated[-1]:.3f}"
+        if len(evaluated) > 1
+        else f"{evaluated[0]:.3f}"
+    )

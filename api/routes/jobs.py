@@ -152,12 +152,14 @@ def download_checkpoint(
 def read_metrics(
     job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
 ) -> JobMetricsPublic:
-    """Per-step loss, step time, throughput and per-device busy/wait/peak, from ``since``."""
+    """Per-step loss (and validation loss where evaluated), step time, throughput and
+    per-device busy/wait/peak, from ``since``."""
     steps = store.steps(job.id, since=since)
     data = [
         StepPublic(
             step=s.step,
             loss=s.loss,
+            val_loss=s.val_loss,
             step_s=s.step_s,
             samples_per_s=s.samples_per_s,
             devices=[DeviceStepPublic.model_validate(d) for d in s.devices],

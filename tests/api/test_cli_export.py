@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,13 @@ import torch
 
 from api.cli import main
 from api.commands.prepare_data import train_tokenizer
+from api.db import make_engine
+from api.schemas import JobCreate
+from api.store import JobStore
 from scheduler.hf_config import hf_config_from_preset
 from scheduler.models import get_preset, preset_to_dict
+from tests.api.conftest import make_settings
+from tests.workers.conftest import make_cluster, manual_plan
 from workers.models import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -129,3 +135,99 @@ def test_plan_takes_a_hugging_face_config_as_model(
     )
     assert by_path[0] == by_name[0]
     assert json.loads(by_path[1] or "{}") == json.loads(by_name[1] or "{}")
+
+
+# --- durable checkpoints and jobs ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    import ray
+
+    from workers.session import start_local_ray
+
+    start_local_ray(make_cluster(["A100-80GB"]), num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def _store(data_dir: Path) -> JobStore:
+    return JobStore(make_engine(make_settings(data_dir).database_url))
+
+
+def test_a_jobs_checkpoints_export_by_id_and_by_directory(
+    local_ray: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A short job writes durable checkpoints; its id, id@step and directory all export
+    to what transformers loads with hetsched's logits."""
+    from workers.session import Checkpointing, train
+
+    settings = make_settings(tmp_path)
+    store = _store(tmp_path)
+    job, _ = store.create_job(
+        name="export", model_name=LLAMA.name, spec=JobCreate(model="llama-tiny"), submission_id=None
+    )
+    root = f"{settings.checkpoint_root}/{job.id}"
+    result = train(
+        cluster=make_cluster(["A100-80GB"]),
+        model=LLAMA,
+        plan=manual_plan([("a/0", 4, 4)]),
+        steps=2,
+        seed=3,
+        keep_state=True,
+        checkpointing=Checkpointing(root=root, every_steps=1),
+        on_checkpoint=lambda c: store.add_checkpoint(job.id, step=c.step, uri=c.uri, keep=[0, 1]),
+    )
+    assert result.state is not None
+    trained = build_model(LLAMA, seed=0)
+    trained.load_state_dict(result.state["model"])
+    x = torch.randint(0, 256, (2, LLAMA.seq_len))
+
+    def logits_of(out: Path) -> torch.Tensor:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            return hf(x).logits
+
+    x1 = tmp_path / "x1"
+    code, out, err = run_cli(capsys, "export", job.id, "--data-dir", str(tmp_path), "-o", str(x1))
+    assert code == 0, err
+    assert f"exported llama-tiny (llama, {LLAMA.num_params:,} parameters) to {x1}" in out
+    with torch.no_grad():
+        assert (logits_of(x1) - trained(x)).abs().max().item() < 1e-4
+    code, _, err = run_cli(capsys, "export", root, "-o", str(tmp_path / "x2"))
+    assert code == 0, err
+    assert torch.equal(logits_of(tmp_path / "x2"), logits_of(x1))
+    code, _, err = run_cli(
+        capsys, "export", f"{job.id}@0", "--data-dir", str(tmp_path), "-o", str(tmp_path / "x3")
+    )
+    assert code == 0, err
+    assert not torch.equal(logits_of(tmp_path / "x3"), logits_of(x1))  # one step earlier
+
+
+def test_job_and_directory_mistakes_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def error(*argv: str) -> str:
+        code, out, err = run_cli(capsys, "export", *argv, "-o", str(tmp_path / "o"))
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        return err
+
+    assert "no hetsched database in" in error("abc123", "--data-dir", str(tmp_path))
+    store = _store(tmp_path)
+    assert "export: no job abc123 in" in error("abc123", "--data-dir", str(tmp_path))
+    job, _ = store.create_job(name="j", model_name="gpt-tiny", spec=JobCreate(), submission_id=None)
+    assert f"export: job {job.id} has no checkpoint yet" in error(
+        job.id, "--data-dir", str(tmp_path)
+    )
+    torn = tmp_path / "checkpoints" / job.id / "step-00000003"
+    torn.mkdir(parents=True)
+    (torn / "part-0000.safetensors").write_bytes(b"half")
+    assert "holds no complete checkpoint; only torn ones (step-00000003" in error(str(torn.parent))
+    assert "step-00000003 has no manifest.json; it is torn" in error(str(torn))
+    manifest = {"step": 3, "parts": {"part-0000.safetensors": ["model/x"]}}
+    (torn / "manifest.json").write_text(json.dumps(manifest))
+    assert "lacks the model's dimensions" in error(str(torn))
+    manifest["model"] = preset_to_dict(get_preset("gpt-tiny"))
+    (torn / "manifest.json").write_text(json.dumps(manifest))
+    assert f"checkpoint: {torn} is torn or corrupt" in error(str(torn))
+    assert not (tmp_path / "o").exists()

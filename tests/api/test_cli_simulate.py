@@ -47,6 +47,8 @@ def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> 
         "2",
         "--strategies",
         "dp,even",
+        "--val-every",
+        "2",
         "--json",
         cache=tmp_path / "c",
     )
@@ -80,17 +82,21 @@ def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> 
             "measured_step_s",
             "measured_samples_per_s",
             "losses",
+            "val_losses",
             "step_times_s",
             "replans",
             "recoveries",
             "devices",
         }
         assert len(r["losses"]) == 3 and r["measured_step_s"] > 0
+        # evaluated after step 2 (every second) and step 3 (the last), per step in the JSON
+        assert [v is None for v in r["val_losses"]] == [True, False, False]
         assert len(r["step_times_s"]) == 3 and r["recoveries"] == []
         assert sum(d["samples"] for d in r["plan"]["devices"]) == 8
         assert all(set(d) == {"id", "busy_s", "wait_s", "peak_bytes"} for d in r["devices"])
     # Same seed, same batches: the split does not change the training.
     assert dp["losses"] == pytest.approx(even["losses"], rel=1e-4)
+    assert dp["val_losses"][1:] == pytest.approx(even["val_losses"][1:], rel=1e-4)
     # The A100 is 4.8x a T4: dp gives it more of the batch than even does.
     share = {d["id"]: d["samples"] for d in dp["plan"]["devices"]}
     assert share["box/0"] > share["box/1"]

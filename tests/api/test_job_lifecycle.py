@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import DEFAULT_CLUSTER, Settings
 from scheduler.cluster import load_cluster
+from scheduler.models import get_preset
 
 JOBS = "/api/v1/jobs"
 TERMINAL = {"STOPPED", "SUCCEEDED", "FAILED"}
@@ -79,6 +81,7 @@ def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> Non
             "steps": 4,
             "seed": 1,
             "strategy": "dp",
+            "val_every": 2,
         }
         job = client.post(JOBS, json=spec).json()
         running = wait_for(client, job["id"], lambda j: j["state"] != "PENDING")
@@ -102,6 +105,9 @@ def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> Non
             assert {d["id"] for d in step["devices"]} == active
             assert all(d["busy_s"] > 0 and d["peak_bytes"] > 0 for d in step["devices"])
         assert client.get(f"{JOBS}/{job['id']}/metrics", params={"since": 3}).json()["count"] == 1
+        # Validation loss on the held-out split after every second step, null on the others.
+        val = [s["val_loss"] for s in metrics["data"]]
+        assert val[0] is None and val[2] is None and 3.0 < val[1] < 7.0 and 3.0 < val[3] < 7.0
 
         logs = [line["message"] for line in client.get(f"{JOBS}/{job['id']}/logs").json()["data"]]
         assert any(m.startswith("plan dp:") for m in logs)
@@ -243,3 +249,33 @@ def test_a_crashed_and_a_lost_device_are_recovered_and_training_is_unchanged(
         steps = client.get(f"{JOBS}/{job['id']}/metrics").json()["data"]
         assert [s["step"] for s in steps] == list(range(12))
         assert [s["loss"] for s in steps] == pytest.approx(want, rel=1e-4)
+
+
+def test_a_job_starts_from_a_hugging_face_directory(
+    live: Callable[[], TestClient], tmp_path: Path
+) -> None:
+    """init_from hf:DIR: the first step's loss is the released weights' loss on that batch."""
+    from workers.data import ByteDataset
+    from workers.hf import save_hf_directory
+    from workers.model import lm_loss_sum
+    from workers.models import build_model
+
+    preset = get_preset("gpt-tiny")
+    released = build_model(preset, seed=11)
+    save_hf_directory(preset, released.state_dict(), tmp_path / "hub" / "released")
+    x, y = ByteDataset(None, seq_len=preset.seq_len).device_batch(
+        seed=1, step=0, global_batch=16, offset=0, samples=16
+    )
+    with torch.no_grad():
+        want = float(lm_loss_sum(released(x), y)) / y.numel()
+    with live() as client:
+        spec = {"global_batch": 16, "steps": 1, "seed": 1, "strategy": "dp"}
+        job = client.post(JOBS, json={**spec, "init_from": "hf:hub/released"}).json()
+        done = wait_for(client, job["id"], lambda j: j["state"] in TERMINAL)
+        assert done["state"] == "SUCCEEDED", done["message"]
+        first = client.get(f"{JOBS}/{job['id']}/metrics").json()["data"][0]["loss"]
+        assert first == pytest.approx(want, rel=1e-5)
+        missing = client.post(JOBS, json={**spec, "init_from": "hf:hub/missing"}).json()
+        failed = wait_for(client, missing["id"], lambda j: j["state"] in TERMINAL)
+        assert failed["state"] == "FAILED"
+        assert "init_from: no directory 'hub/missing'" in failed["message"]

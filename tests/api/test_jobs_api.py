@@ -229,3 +229,41 @@ def test_bad_model_dimensions_name_only_what_is_wrong(offline: TestClient) -> No
     assert response.json()["detail"] == (
         "model.vocab_size: Input should be greater than or equal to 256, got 25"
     )
+
+
+def test_llama_dimensions_take_grouped_query_attention(offline: TestClient) -> None:
+    dims = {
+        "family": "llama",
+        "num_layers": 2,
+        "d_model": 64,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "d_ff": 128,
+        "vocab_size": 256,
+        "seq_len": 32,
+    }
+    response = offline.post(JOBS, json={"model": dims, "global_batch": 4, "steps": 1})
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["model"]["num_kv_heads"] == 2
+    response = offline.post(JOBS, json={"model": {**dims, "num_kv_heads": 3}})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "model: num_heads 4 must be a multiple of num_kv_heads 3"
+    response = offline.post(JOBS, json={"model": {**dims, "family": "gpt"}})
+    assert response.status_code == 422
+    assert "the gpt family has no grouped-query attention" in response.json()["detail"]
+
+
+def test_validation_settings_and_init_from_are_checked(offline: TestClient) -> None:
+    response = offline.post(
+        JOBS, json={**TINY_JOB, "val_every": 5, "val_batches": 2, "init_from": "hf:models/x"}
+    )
+    assert response.status_code == 201, response.text
+    spec = response.json()["spec"]
+    assert (spec["val_every"], spec["val_batches"], spec["init_from"]) == (5, 2, "hf:models/x")
+    for init_from in ("hf:../x", "hf:/etc", "hf:.hidden", "nothex", "abc@x"):
+        response = offline.post(JOBS, json={**TINY_JOB, "init_from": init_from})
+        assert response.status_code == 422, init_from
+        assert response.json()["detail"].startswith("init_from: must be a job id"), init_from
+    response = offline.post(JOBS, json={**TINY_JOB, "val_batches": 0})
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("val_batches: Input should be greater")

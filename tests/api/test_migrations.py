@@ -153,7 +153,7 @@ def test_previous_schema_is_upgraded_on_start_and_keeps_every_row(tmp_path: Path
         assert job["last_loss"] == 5.25 and job["plan"]["devices"][0]["samples"] == 8
         assert job["spec"]["submission_id"] == "before-migrations"
         steps = client.get("/api/v1/jobs/old000000001/metrics").json()["data"]
-        assert [(s["step"], s["loss"]) for s in steps] == [(0, 5.5)]
+        assert [(s["step"], s["loss"], s["val_loss"]) for s in steps] == [(0, 5.5, None)]
         logs = client.get("/api/v1/jobs/old000000001/logs").json()["data"]
         assert [line["message"] for line in logs] == ["SUCCEEDED: finished 2 steps"]
         assert client.get("/api/v1/profiles").json()["count"] == 1

@@ -61,8 +61,9 @@ cost, reported separately, not the contract this test checks."""
 
 
 def _skip_unstated_rule(case: schemathesis.Case) -> None:
-    """``d_model % num_heads == 0`` is documented in words; JSON Schema cannot divide,
-    so a generated model that breaks it is not a schema-valid request."""
+    """``d_model % num_heads == 0`` (and ``num_heads % num_kv_heads == 0``) is documented
+    in words; JSON Schema cannot divide, so a generated model that breaks it is not a
+    schema-valid request."""
     batch = case.body.get("global_batch") if isinstance(case.body, dict) else None
     if isinstance(batch, int | float) and batch > MAX_FUZZ_GLOBAL_BATCH:
         reject()
@@ -71,6 +72,10 @@ def _skip_unstated_rule(case: schemathesis.Case) -> None:
         heads, d_model = model.get("num_heads"), model.get("d_model")
         numbers = isinstance(heads, int | float) and isinstance(d_model, int | float)
         if numbers and heads and d_model % heads:  # JSON's 110.0 is an integer too
+            reject()
+        kv = model.get("num_kv_heads")  # num_heads a multiple of it; gpt: equal or 0
+        kv_numbers = isinstance(kv, int | float) and kv and isinstance(heads, int | float)
+        if kv_numbers and (heads % kv or (model.get("family", "gpt") == "gpt" and kv != heads)):
             reject()
 
 

@@ -162,7 +162,12 @@ function renderCharts(job, steps) {
   const plan = job.plan;
   const marks = eventMarks(job);
   lineChart($("loss-chart"), {
-    series: [{ name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.loss]) }],
+    series: [
+      { name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.loss]) },
+      // the held-out split, on the steps that were evaluated
+      { name: "validation loss", color: "var(--series-2)",
+        points: steps.filter((s) => isNum(s.val_loss)).map((s) => [s.step + 1, s.val_loss]) },
+    ],
     marks,
     yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
@@ -177,7 +182,9 @@ function renderCharts(job, steps) {
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
   const last = steps.length ? steps[steps.length - 1] : null;
-  $("loss-last").textContent = last ? `step ${last.step + 1}: ${fmtNum(last.loss, 4)}` : "";
+  const lastVal = steps.filter((s) => isNum(s.val_loss)).pop();
+  $("loss-last").textContent = (last ? `step ${last.step + 1}: ${fmtNum(last.loss, 4)}` : "")
+    + (lastVal ? ` · validation ${fmtNum(lastVal.val_loss, 4)} (step ${lastVal.step + 1})` : "");
   $("tput-last").textContent = last ? `step ${last.step + 1}: ${fmtRate(last.samples_per_s)}` : "";
 }
 
