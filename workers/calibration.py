@@ -52,10 +52,15 @@ def default_cache_dir() -> Path:
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares ``y = a + b·x``; returns ``(a, b)`` with ``a`` clipped at zero.
+    """Least-squares ``y = a + b·x``; returns ``(a, b)``, neither of them negative.
+
+    A negative fixed cost, or a time that shrinks as the work grows (timings
+    taken on a loaded host), is noise: the line is fitted through the origin.
 
     >>> fit_line([1, 2, 4], [3.0, 5.0, 9.0])
     (1.0, 2.0)
+    >>> fit_line([1, 2, 4], [4.0, 3.0, 3.0])
+    (0.0, 1.047619047619)
     """
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
@@ -63,7 +68,7 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     sxy = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
     slope = sxy / sxx if sxx > 0 else mean_y / max(mean_x, 1e-12)
     intercept = mean_y - slope * mean_x
-    if intercept < 0:  # a negative fixed cost is noise; refit through the origin
+    if intercept < 0 or slope < 0:  # noise; refit through the origin
         slope = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
         intercept = 0.0
     return round(intercept, 12), round(slope, 12)
