@@ -16,7 +16,7 @@ from workers.session import LiveReplanning, WorkerPool, profile_cluster, train
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 CLUSTER = make_cluster(["A100-80GB", "L4-24GB", "T4-16GB"])
-SAME = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"], name="same")
+SAME = make_cluster(["A100-80GB", "A100-80GB"], name="same")
 BATCH = 24
 
 
@@ -46,36 +46,44 @@ def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: boo
     return plan, result, decisions
 
 
-def test_a_3x_slowdown_moves_samples_off_the_device_once_and_training_is_unchanged(
-    pool, cache_dir
+@pytest.fixture(scope="module")
+def steady(pool, cache_dir):
+    """100 steps on the mixed cluster, re-planning on, nothing injected: the reference curve."""
+    return _run(CLUSTER, pool, cache_dir, steps=100, faults=[])
+
+
+def test_a_steady_mixed_cluster_sees_no_replan_in_100_steps(steady) -> None:
+    _, result, decisions = steady
+    assert result.steps_done == 100
+    assert decisions == []
+
+
+def test_a_3x_slowdown_is_followed_once_and_its_restore_back_and_training_is_unchanged(
+    pool, cache_dir, steady
 ) -> None:
-    plan, result, decisions = _run(CLUSTER, pool, cache_dir, steps=24, faults=["a/0@10:slow=3"])
-    _, plain, _ = _run(CLUSTER, pool, cache_dir, steps=24, faults=[], replan=False)
-    (decision,) = decisions
-    assert 10 <= decision.step <= 16, "within a few steps, never before the slow-down"
-    assert decision.in_place
-    before = {d.id: d.samples for d in plan.devices}
-    after = {d.id: d.samples for d in decision.new_plan.devices}
-    assert after["a/0"] < before["a/0"] and sum(after.values()) == BATCH
-    assert result.losses == pytest.approx(plain.losses, rel=1e-4)
-
-
-def test_restoring_the_speed_replans_back(pool, cache_dir) -> None:
-    plan, _, decisions = _run(
+    plan, result, decisions = _run(
         CLUSTER, pool, cache_dir, steps=44, faults=["a/0@10:slow=3", "a/0@26:restore"]
     )
-    slowed = decisions[0]
-    assert 10 <= slowed.step < 26
+    (slowed,) = [d for d in decisions if d.step < 26]
+    assert 10 <= slowed.step <= 16, "within a few steps, never before the slow-down"
+    assert slowed.in_place
+    before = {d.id: d.samples for d in plan.devices}
+    after = {d.id: d.samples for d in slowed.new_plan.devices}
+    assert after["a/0"] < before["a/0"] and sum(after.values()) == BATCH
     restored = next(d for d in decisions if d.step >= 26)
-    share = {d.id: d.samples for d in restored.new_plan.devices}
-    assert share["a/0"] > {d.id: d.samples for d in slowed.new_plan.devices}["a/0"]
+    back = {d.id: d.samples for d in restored.new_plan.devices}
+    assert back["a/0"] > after["a/0"]
+    _, plain, _ = steady
+    # The same samples, summed in another order: float32 sums drift apart chaotically over
+    # tens of steps (2e-4 by step 42 in one run), well within 1e-4 over the first 30.
+    assert result.losses[:30] == pytest.approx(plain.losses[:30], rel=1e-4)
+    assert result.losses == pytest.approx(plain.losses[:44], rel=1e-3)
 
 
-@pytest.mark.parametrize("cluster", [CLUSTER, SAME], ids=["mixed", "homogeneous"])
-def test_a_steady_cluster_sees_no_replan_in_100_steps(cluster, cache_dir) -> None:
-    own = WorkerPool(cluster, simulated=True)
+def test_a_homogeneous_cluster_sees_no_replan_in_100_steps(cache_dir) -> None:
+    own = WorkerPool(SAME, simulated=True)
     try:
-        _, result, decisions = _run(cluster, own, cache_dir, steps=100, faults=[])
+        _, result, decisions = _run(SAME, own, cache_dir, steps=100, faults=[])
     finally:
         own.shutdown()
     assert result.steps_done == 100
