@@ -32,7 +32,9 @@ def hetsched(*args: str, cache: Path, timeout: int = 400) -> subprocess.Complete
     )
 
 
-def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> None:
+def test_simulate_json_prints_one_object_with_every_strategy(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     spec = tmp_path / "two.yaml"
     spec.write_text(TWO_GPUS)
     out = hetsched(
@@ -50,7 +52,7 @@ def test_simulate_json_prints_one_object_with_every_strategy(tmp_path: Path) -> 
         "--val-every",
         "2",
         "--json",
-        cache=tmp_path / "c",
+        cache=cache_dir,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)  # stdout is the JSON object and nothing else

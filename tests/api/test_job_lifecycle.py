@@ -40,11 +40,6 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("profile-cache")
-
-
 @pytest.fixture
 def live(
     local_ray: None, cache_dir: Path, tmp_path: Path, settings_factory: Callable[..., Settings]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import ray
@@ -61,10 +60,3 @@ def local_ray() -> Iterator[None]:
     start_local_ray(cluster, num_cpus=2)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Profiles and host calibrations, shared by every worker test: a device measured
-    once is not measured again (the profiler's cache is what users get too)."""
-    return tmp_path_factory.mktemp("hetsched-cache")
