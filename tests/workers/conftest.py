@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -60,3 +61,14 @@ def local_ray() -> Iterator[None]:
     start_local_ray(cluster, num_cpus=2)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mixed_pool(local_ray: None) -> Iterator[Any]:
+    """Warm workers for a module's runs on an A100, a T4 and an L4 (``a/0``, ``a/1``, ``a/2``),
+    as the service keeps them: runs after the first start warm."""
+    from workers.session import WorkerPool
+
+    pool = WorkerPool(make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"]), simulated=True)
+    yield pool
+    pool.shutdown()

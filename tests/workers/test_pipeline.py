@@ -9,7 +9,7 @@ from scheduler.plan import DevicePlan, Plan
 from tests.workers.conftest import TINY, make_cluster
 from workers.data import ByteDataset
 from workers.model import GPT, lm_loss_sum
-from workers.session import OptimizerConfig, WorkerError, train
+from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
 from workers.stages import ordered_stages, sync_groups
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -106,8 +106,15 @@ def test_sync_groups_pair_the_holders_of_each_piece():
     assert sync_groups(ordered_stages(PP), TINY) == [((0, 2), ("wte",))]
 
 
+@pytest.fixture(scope="module")
+def pool():
+    p = WorkerPool(CLUSTER, simulated=True)
+    yield p
+    p.shutdown()
+
+
 @pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
-def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir):
+def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir, pool):
     result = train(
         cluster=CLUSTER,
         model=TINY,
@@ -116,6 +123,7 @@ def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir
         seed=SEED,
         optimizer=OPT,
         cache_dir=cache_dir,
+        pool=pool,
     )
     assert result.steps_done == STEPS
     assert result.losses == pytest.approx(single_device_losses(), rel=1e-4)
@@ -137,7 +145,7 @@ DP_SPLIT = pipeline_plan(
 
 
 @pytest.mark.parametrize("plan", [DP_SPLIT, HYBRID], ids=["dp", "hybrid"])
-def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan, cache_dir):
+def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan, cache_dir, pool):
     """The global norm is summed over every device and stage, so clipping is the same."""
     want = single_device_losses(SCHEDULED)
     assert want != pytest.approx(single_device_losses(), rel=1e-4), "the settings change training"
@@ -149,11 +157,12 @@ def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan
         seed=SEED,
         optimizer=SCHEDULED,
         cache_dir=cache_dir,
+        pool=pool,
     )
     assert result.losses == pytest.approx(want, rel=1e-4)
 
 
-def test_broken_pipeline_is_a_one_line_error(cache_dir):
+def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
     gap = pipeline_plan(
         "pp",
         [
@@ -162,7 +171,9 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir):
         ],
     )
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
-        train(cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir)
+        train(
+            cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir, pool=pool
+        )
 
 
 def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):

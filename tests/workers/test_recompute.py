@@ -17,7 +17,7 @@ CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 
 
 def test_a_plan_recomputing_on_some_devices_trains_exactly_as_one_that_does_not(
-    cache_dir,
+    cache_dir, mixed_pool
 ) -> None:
     plain = manual_plan([("a/0", 6, 3), ("a/1", 2, 2), ("a/2", 4, 4)])
     modes = {"a/0": "full", "a/1": "selective", "a/2": "none"}
@@ -29,6 +29,7 @@ def test_a_plan_recomputing_on_some_devices_trains_exactly_as_one_that_does_not(
         seed=7,
         cache_dir=cache_dir,
         optimizer=OptimizerConfig(lr=3e-3),
+        pool=mixed_pool,
     )
     a = train(plan=plain, **common)
     b = train(plan=mixed, **common)

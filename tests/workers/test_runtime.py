@@ -38,7 +38,7 @@ def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def test_uneven_three_device_split_matches_single_process_training(cache_dir) -> None:
+def test_uneven_three_device_split_matches_single_process_training(cache_dir, mixed_pool) -> None:
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
     result = train(
@@ -51,6 +51,7 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir) ->
         cache_dir=cache_dir,
         dtype="float64",
         keep_state=True,
+        pool=mixed_pool,
     )
     assert result.steps_done == 4 and result.state is not None
     model = GPT(TINY, seed=5).double()
@@ -60,18 +61,19 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir) ->
     assert (got - want).abs().max().item() < 1e-5
 
 
-def test_dp_and_even_splits_give_the_same_loss_curve(cache_dir) -> None:
+def test_dp_and_even_splits_give_the_same_loss_curve(cache_dir, mixed_pool) -> None:
     uneven = manual_plan([("a/0", 8, 8), ("a/1", 1, 1), ("a/2", 3, 2)], strategy="dp")
     even = manual_plan([("a/0", 4, 4), ("a/1", 4, 2), ("a/2", 4, 4)], strategy="even")
-    a = train(cluster=CLUSTER, model=TINY, plan=uneven, steps=3, seed=11, cache_dir=cache_dir)
-    b = train(cluster=CLUSTER, model=TINY, plan=even, steps=3, seed=11, cache_dir=cache_dir)
+    common = dict(cluster=CLUSTER, model=TINY, steps=3, seed=11, cache_dir=cache_dir)
+    a = train(plan=uneven, pool=mixed_pool, **common)
+    b = train(plan=even, pool=mixed_pool, **common)
     assert a.losses == pytest.approx(b.losses, rel=1e-4, abs=1e-5)
     assert a.losses[0] > a.losses[-1]  # training happened, not a constant
     assert [d.id for d in a.devices] == ["a/0", "a/1", "a/2"]
     assert all(d.peak_bytes > 0 and d.busy_s > 0 for d in a.devices)
 
 
-def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir) -> None:
+def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir, mixed_pool) -> None:
     """The T4 here has 16 GiB × 0.01 = 172 MB; 200 samples in one micro-batch do not fit."""
     plan = manual_plan([("a/0", 2, 2), ("a/1", 200, 200)])
     start = time.monotonic()
@@ -80,7 +82,15 @@ def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir) -> No
         match=r"^a/1: out of memory: micro-batch 200 needs [\d.]+ MB, "
         r"capacity 171\.8 MB$",
     ):
-        train(cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir)
+        train(
+            cluster=CLUSTER,
+            model=TINY,
+            plan=plan,
+            steps=2,
+            seed=0,
+            cache_dir=cache_dir,
+            pool=mixed_pool,
+        )
     assert time.monotonic() - start < 90
 
 
@@ -125,7 +135,9 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
         pool.shutdown()
 
 
-def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(cache_dir) -> None:
+def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(
+    cache_dir, mixed_pool
+) -> None:
     plan = manual_plan([("a/0", 12, 12), ("a/2", 4, 4)])
     seen = []
     result = train(
@@ -136,6 +148,7 @@ def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(cache_dir)
         seed=1,
         cache_dir=cache_dir,
         optimizer=OptimizerConfig(lr=1e-2),
+        pool=mixed_pool,
         on_step=seen.append,
         should_stop=lambda: len(seen) >= 30,
     )
