@@ -5,6 +5,7 @@
     hetsched serve --cluster my.yaml        simulate another cluster spec
     hetsched serve --ray-address HOST:6379  attach to a real Ray cluster and use its GPUs
     hetsched serve --db postgresql+psycopg://user@db/hetsched
+    hetsched serve --policy fifo            first come, first served (default: goodput)
 
 Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.Settings`.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
+from scheduler.policy_types import POLICIES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,6 +40,15 @@ def add_parser(subparsers: Any) -> None:
         "--data-dir", type=Path, help="database, profile cache and datasets (default ./.hetsched)"
     )
     parser.add_argument("--num-cpus", type=int, help="CPUs for the embedded local Ray")
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="scheduling policy: fifo (arrival order, whole cluster), fair, or goodput "
+        "(default; HETSCHED_POLICY)",
+    )
+    parser.add_argument(
+        "--round-s", type=float, help="seconds between scheduling rounds (default 30)"
+    )
     parser.add_argument(
         "--insecure-no-token",
         action="store_true",
@@ -60,6 +71,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "db_url": args.db,
         "data_dir": args.data_dir,
         "ray_num_cpus": args.num_cpus,
+        "policy": args.policy,
+        "round_s": args.round_s,
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
