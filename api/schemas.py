@@ -261,13 +261,15 @@ class JobCreate(PlanCreate):
         default=1,
         ge=1,
         le=100_000,
-        description="The job waits until the policy can give it this many devices.",
+        description="The job waits until the policy can give it this many devices; at most "
+        "max_devices, the number of devices it names, and the cluster's devices.",
     )
     max_devices: int | None = Field(
         default=None,
         ge=1,
         le=100_000,
-        description="Never more devices than this; default as many as help (fifo: all).",
+        description="Never more devices than this (at least min_devices, at most the "
+        "cluster's devices); default as many as help (fifo: all).",
     )
 
 
