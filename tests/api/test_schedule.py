@@ -15,7 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.cli import build_parser
+from api.commands.serve import settings_from_args
 from api.settings import Settings
+from scheduler.errors import HetschedError
 from tests.api import test_job_lifecycle as lifecycle
 from tests.api.test_job_lifecycle import JOBS, TERMINAL, wait_for
 
@@ -146,3 +149,15 @@ def test_a_running_job_is_moved_through_its_checkpoint(
         assert [s["step"] for s in steps] == list(range(after["steps_done"]))
         logs = [line["message"] for line in client.get(f"{JOBS}/{big['id']}/logs").json()["data"]]
         assert any(m.startswith("goodput: moved from") for m in logs)
+
+
+def test_serve_takes_the_policy_and_round_from_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HETSCHED_POLICY", raising=False)
+    args = build_parser("serve").parse_args(["serve", "--policy", "fair", "--round-s", "5"])
+    settings = settings_from_args(args)
+    assert (settings.policy, settings.round_s) == ("fair", 5.0)
+    with pytest.raises(SystemExit):
+        build_parser("serve").parse_args(["serve", "--policy", "fastest"])
+    bad = build_parser("serve").parse_args(["serve", "--round-s", "0"])
+    with pytest.raises(HetschedError, match="^round_s: "):
+        settings_from_args(bad)
