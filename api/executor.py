@@ -55,7 +55,9 @@ log = logging.getLogger("hetsched.executor")
 POLL_S = 1.0
 HANDOVER_POLL_S = 0.2
 ARRIVAL_GRACE_S = 0.3
-"""A round waits this long after a wake, so jobs submitted together are decided together."""
+"""A round waits until no wake came for this long (at most ``ARRIVAL_MAX_S``), so jobs
+submitted together are decided together."""
+ARRIVAL_MAX_S = 2.0
 
 
 class Executor:
@@ -141,7 +143,7 @@ class Executor:
         while not self._closing.is_set():
             woken = self._wake.is_set()
             if woken:
-                self._closing.wait(ARRIVAL_GRACE_S)
+                self._settle()
             self._wake.clear()
             if woken or time.monotonic() - last >= self.settings.round_s:
                 last = time.monotonic()
@@ -150,6 +152,14 @@ class Executor:
                 except Exception:  # a bad record must not stop the queue
                     log.exception("scheduling round failed")
             self._wake.wait(POLL_S)
+
+    def _settle(self) -> None:
+        """Let a burst of wakes (several submissions) end before deciding."""
+        deadline = time.monotonic() + ARRIVAL_MAX_S
+        while time.monotonic() < deadline and not self._closing.is_set():
+            self._wake.clear()
+            if not self._wake.wait(ARRIVAL_GRACE_S):
+                return
 
     def _round(self) -> None:
         pending = self.store.pending()
