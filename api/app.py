@@ -181,7 +181,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lambda: getattr(app.state, "hetsched", None)
     )
     install_error_handlers(app)
-    install_openapi(app, token_required=settings.token is not None)
+    install_openapi(
+        app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)
+    )
     app.add_middleware(AllowHeader)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
@@ -189,6 +191,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs.add_docs(app, openapi_url=f"{API_PREFIX}/openapi.json")
     _add_dashboard(app)
     return app
+
+
+def _num_devices(app: FastAPI) -> int:
+    """The cluster's device count once the lifespan connected it; 0 before."""
+    state = getattr(app.state, "hetsched", None)
+    cluster = state.handle.cluster if state is not None else None
+    return len(cluster.ids) if cluster is not None else 0
 
 
 def _add_dashboard(app: FastAPI) -> None:

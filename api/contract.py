@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -61,8 +62,24 @@ def _document_unparseable_body(schema: dict[str, Any]) -> None:
                 )
 
 
-def install_openapi(app: FastAPI, *, token_required: bool) -> None:
-    """Replace ``app.openapi`` with a document true to this configuration."""
+def _limit_device_counts(schema: dict[str, Any], num_devices: int) -> None:
+    """A job's ``min_devices`` and ``max_devices`` cannot exceed this cluster's devices."""
+    job = schema.get("components", {}).get("schemas", {}).get("JobCreate", {})
+    for name in ("min_devices", "max_devices"):
+        field = job.get("properties", {}).get(name, {})
+        for branch in [field, *field.get("anyOf", [])]:
+            if branch.get("type") == "integer":
+                branch["maximum"] = num_devices
+
+
+def install_openapi(
+    app: FastAPI, *, token_required: bool, num_devices: Callable[[], int] | None = None
+) -> None:
+    """Replace ``app.openapi`` with a document true to this configuration.
+
+    ``num_devices``: the cluster's device count once the service runs (0: unknown),
+    the most devices a job may ask for.
+    """
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -76,6 +93,9 @@ def install_openapi(app: FastAPI, *, token_required: bool) -> None:
             _document_unparseable_body(schema)
             if not token_required:
                 _drop_security(schema)
+            count = num_devices() if num_devices is not None else 0
+            if count:
+                _limit_device_counts(schema, count)
             app.openapi_schema = schema
         return app.openapi_schema
 

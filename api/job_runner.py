@@ -74,6 +74,19 @@ class LiveJob:
     device_steps: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     """id -> (busy_s, wait_s, peak_bytes) of the latest step."""
     thread: threading.Thread | None = None
+    pinned: bool = False
+    """It named its devices: the policy never moves it."""
+    granted: list[str] = field(default_factory=list)
+    """What the policy last gave it (its plan may leave some of them out)."""
+    move_to: list[str] | None = None
+    """Devices the policy moves it to at its next step boundary; None: it stays."""
+    move_reason: str = ""
+    move: threading.Event = field(default_factory=threading.Event)
+    """Set when it should checkpoint and hand its devices over (see ``move_to``)."""
+
+    def pausing(self) -> bool:
+        """Checked between steps: stop for good, or for a move."""
+        return self.stop.is_set() or self.move.is_set()
 
 
 def checkpoint_every(steps: int, asked: int | None) -> int:
@@ -99,8 +112,14 @@ class JobRunner:
     def root(self, job_id: str) -> str:
         return f"{self.settings.checkpoint_root}/{job_id}"
 
-    def run(self, job: JobRecord, live: LiveJob, *, resume: bool) -> TrainResult | None:
-        """Train ``job``; None when a stop came before training started."""
+    def run(
+        self, job: JobRecord, live: LiveJob, *, resume: bool, moved: bool = False
+    ) -> TrainResult | None:
+        """Train ``job``; None when a stop came before training started.
+
+        ``moved``: the policy moved it to ``live.devices``; it goes on from its own
+        last checkpoint (written where the move stopped it), re-planned there.
+        """
         from workers.session import (
             Checkpointing,
             CheckpointStore,
@@ -121,7 +140,7 @@ class JobRunner:
         self._set_plan(job, live, plan)
         if live.stop.is_set():
             return None
-        restore = self._restore(job, resume=resume)
+        restore = self._latest(job) if moved else self._restore(job, resume=resume)
         dataset = resolve_dataset(
             self.settings.data_dir,
             spec.dataset,
@@ -216,7 +235,7 @@ class JobRunner:
             optimizer=optimizer,
             simulated=self.handle.simulated,
             on_step=on_step,
-            should_stop=live.stop.is_set,
+            should_stop=live.pausing,
             cache_dir=self.profiler.cache_dir,
             pool=self.handle.pool,
             checkpointing=Checkpointing(
@@ -249,6 +268,12 @@ class JobRunner:
         if released:
             self.release(live, active)
             self.store.log(job.id, "INFO", f"released {', '.join(released)} (not in the plan)")
+
+    def _latest(self, job: JobRecord) -> CheckpointInfo | None:
+        """The job's own last checkpoint, after a move (None: it moved before any)."""
+        from workers.session import CheckpointStore
+
+        return CheckpointStore(self.root(job.id)).latest()
 
     def _restore(self, job: JobRecord, *, resume: bool) -> CheckpointInfo | None:
         """The checkpoint to start from: the job's own after a restart, or ``init_from``'s."""

@@ -21,6 +21,7 @@ Routes (all JSON; errors are ``{"detail": "<field>: <what is allowed>"}``)::
     GET    /api/v1/jobs/{id}/logs?since    LogLine list
     POST   /api/v1/jobs/{id}/stop          JobPublic
     DELETE /api/v1/jobs/{id}               Message (409 unless terminal)
+    GET    /api/v1/schedule                SchedulePublic (policy, allocation, queue, reasons)
     GET    /healthz                        Health
     GET    /metrics                        Prometheus text
 
@@ -299,6 +300,28 @@ class JobCreate(PlanCreate):
         max_length=128,
         description="Client-chosen key; submitting it again returns the existing job.",
     )
+    priority: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Weight under the fair and goodput policies: a job of priority 2 is "
+        "valued as two of priority 1.",
+    )
+    min_devices: int = Field(
+        default=1,
+        ge=1,
+        le=100_000,
+        description="The job waits until the policy can give it this many devices; at most "
+        "max_devices, the number of devices it names, and the cluster's devices.",
+    )
+    max_devices: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Never more devices than this (at least min_devices, at most the "
+        "cluster's devices); default as many as help (fifo: all).",
+    )
 
 
 class DeviceFailure(_In):
@@ -452,6 +475,21 @@ class JobEventPublic(BaseModel):
     """Its record: error, devices lost, old and new plan, predicted gain, seconds taken."""
 
 
+class AllocationPublic(BaseModel):
+    """One entry of a job's allocation history: it started, or the policy moved it."""
+
+    time: datetime
+    step: int
+    """The first step it ran on ``devices``."""
+    policy: str
+    """The service's policy, or ``pinned`` for a job that named its devices."""
+    from_devices: list[str]
+    """What it held before (empty when it started)."""
+    devices: list[str]
+    reason: str
+    """The policy's one-line reason."""
+
+
 class CheckpointPublic(BaseModel):
     step: int
     created_at: datetime
@@ -492,12 +530,54 @@ class JobPublic(BaseModel):
     ended_at: datetime | None = None
     events: list[JobEventPublic] = []
     """What changed the job's plan while it ran: recoveries, re-plans, restarts."""
+    allocations: list[AllocationPublic] = []
+    """Its allocation history: where the scheduling policy started and moved it."""
 
 
 class JobsPublic(BaseModel):
     data: list[JobPublic]
     count: int
     """Jobs matching the filter, over all pages."""
+
+
+class ScheduledJobPublic(BaseModel):
+    """A job in the latest scheduling round."""
+
+    id: str
+    name: str
+    status: Literal["running", "moving", "waiting", "pinned"]
+    """``moving``: checkpointing to go to ``devices``; ``pinned``: it named its devices."""
+    held: list[str]
+    """Devices it runs on now."""
+    devices: list[str]
+    """Devices the round gave it (for a waiting job: those it waits for, if any)."""
+    samples_per_s: float
+    """The policy's planned rate on ``devices``."""
+    reason: str
+    """Why it got these devices, or why it waits."""
+    priority: float
+    waiting_s: float
+
+
+class SchedulePublic(BaseModel):
+    """``GET /schedule``: the policy in force and its latest round."""
+
+    policy: str
+    round_s: float
+    decided_at: datetime | None
+    """When the latest round ran (null before the first, or with the executor off)."""
+    solver: str
+    """What was exact and what heuristic in the latest decision."""
+    rates: dict[str, str]
+    """Model -> ``measured`` or ``analytic``: where the policy's rates came from."""
+    allocation: dict[str, list[str]]
+    """Job id -> devices it holds now."""
+    devices: dict[str, str | None]
+    """Device id -> job id holding it (null: free)."""
+    queue: list[ScheduledJobPublic]
+    """Waiting jobs, each with why it waits."""
+    jobs: list[ScheduledJobPublic]
+    """Every running and waiting job with the round's reason."""
 
 
 class DeviceStepPublic(BaseModel):

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler.policy_types import DEFAULT_POLICY, PolicyName
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLUSTER = REPO_ROOT / "deploy" / "clusters" / "local-sim.yaml"
 API_PREFIX = "/api/v1"
@@ -45,6 +47,13 @@ class Settings(BaseSettings):
     reach (shared storage on a multi-node cluster); default ``<data_dir>/checkpoints``."""
     replan: bool = True
     """Jobs follow a device's speed change by re-planning, unless their spec says no."""
+    policy: PolicyName = DEFAULT_POLICY
+    """Which devices each job holds (:mod:`scheduler.policy`): ``fifo`` (arrival order,
+    a job takes what it asks for, the whole cluster by default), ``fair`` or ``goodput``."""
+    round_s: float = Field(default=30.0, gt=0, le=86400)
+    """Seconds between scheduling rounds besides those on submit, completion and stop."""
+    reallocation_s: float = Field(default=30.0, ge=0, le=86400)
+    """What the policy charges a running job's move (checkpoint, restart, re-plan)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 

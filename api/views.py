@@ -7,6 +7,7 @@ from typing import Literal
 
 from api.executor import Executor
 from api.schemas import (
+    AllocationPublic,
     ClusterPublic,
     DevicePublic,
     JobEventPublic,
@@ -55,7 +56,21 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
         events=[
             JobEventPublic(time=e.time, kind=e.kind, step=e.step, data=e.data)  # type: ignore[arg-type]
             for e in events
+            if e.kind != "allocation"
         ],
+        allocations=[allocation_public(e) for e in events if e.kind == "allocation"],
+    )
+
+
+def allocation_public(event: EventRecord) -> AllocationPublic:
+    data = event.data
+    return AllocationPublic(
+        time=event.time,
+        step=event.step,
+        policy=str(data.get("policy", "")),
+        from_devices=list(data.get("from", [])),
+        devices=list(data.get("to", [])),
+        reason=str(data.get("reason", "")),
     )
 
 

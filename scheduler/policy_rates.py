@@ -30,7 +30,7 @@ from typing import Protocol
 
 from scheduler.cluster import Cluster, Device, Links, Simulation
 from scheduler.costmodel import ring_allreduce_s
-from scheduler.models import get_preset
+from scheduler.models import ModelPreset, get_preset
 from scheduler.profile import DeviceProfile, Profile, analytic_profile
 
 
@@ -170,6 +170,9 @@ class PlannedRates:
     efficiency: float | None = None
     """One share of peak FLOP/s for every GPU; ``None``: each GPU's own (the catalogue's)."""
     measured: dict[str, Profile] = field(default_factory=dict)
+    models: dict[str, ModelPreset] = field(default_factory=dict)
+    """Models that are not presets (given by dimensions or a config file), by the name
+    jobs use for them; presets need no entry."""
     _costs: dict[tuple[str, DeviceClass], _ClassCost] = field(default_factory=dict)
     _rates: dict[tuple[str, int, Config], float] = field(default_factory=dict)
 
@@ -185,10 +188,20 @@ class PlannedRates:
             self._rates[key] = rate
         return rate
 
+    def set_measured(self, model: str, profile: Profile) -> None:
+        """Use ``profile``'s figures for ``model`` from now on (its cached rates are dropped)."""
+        self.measured[model] = profile
+        self._costs = {k: v for k, v in self._costs.items() if k[0] != model}
+        self._rates = {k: v for k, v in self._rates.items() if k[0] != model}
+
+    def _preset(self, model: str) -> ModelPreset:
+        known = self.models.get(model)
+        return known if known is not None else get_preset(model)
+
     def _compute(self, model: str, global_batch: int, config: Config) -> float:
         costs = [(self._cost(model, c), n) for c, n in config.parts]
         link = self.links.inter_node_gbps if config.multi_node else self.links.intra_node_gbps
-        step_s = class_step_s(costs, global_batch, get_preset(model).gradient_bytes, link)
+        step_s = class_step_s(costs, global_batch, self._preset(model).gradient_bytes, link)
         return global_batch / step_s if step_s > 0 and math.isfinite(step_s) else 0.0
 
     def _cost(self, model: str, device_class: DeviceClass) -> _ClassCost:
@@ -217,7 +230,7 @@ class PlannedRates:
             peak_tflops=device_class.peak_tflops,
         )
         one = Cluster(name="class", devices=(device,), links=self.links, simulation=self.simulation)
-        return analytic_profile(one, get_preset(model), efficiency=self.efficiency).devices[0]
+        return analytic_profile(one, self._preset(model), efficiency=self.efficiency).devices[0]
 
 
 def _class_cost(device: DeviceProfile) -> _ClassCost:

@@ -8,6 +8,7 @@
                                             simulate my.yaml's devices on the Ray nodes it
                                             names (each spec node's ray_node, or its name)
     hetsched serve --db postgresql+psycopg://user@db/hetsched
+    hetsched serve --policy fifo            first come, first served (default: goodput)
 
 Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.Settings`.
 A Ray cluster with token authentication (``ray start`` turns it on) needs its
@@ -27,6 +28,7 @@ from typing import Any
 
 from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
+from scheduler.policy_types import POLICIES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -55,6 +57,15 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--num-cpus", type=int, help="CPUs for the embedded local Ray")
     parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="scheduling policy: fifo (arrival order, whole cluster), fair, or goodput "
+        "(default; HETSCHED_POLICY)",
+    )
+    parser.add_argument(
+        "--round-s", type=float, help="seconds between scheduling rounds (default 30)"
+    )
+    parser.add_argument(
         "--insecure-no-token",
         action="store_true",
         help="allow a non-loopback --host without HETSCHED_API_TOKEN "
@@ -76,6 +87,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         "db_url": args.db,
         "data_dir": args.data_dir,
         "ray_num_cpus": args.num_cpus,
+        "policy": args.policy,
+        "round_s": args.round_s,
     }
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

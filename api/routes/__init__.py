@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from api.routes import cluster, datasets, jobs, options, plans, profiles
+from api.routes import cluster, datasets, jobs, options, plans, profiles, schedule
 
 api_router = APIRouter()
-for module in (cluster, profiles, plans, jobs, options, datasets):
+for module in (cluster, profiles, plans, jobs, options, datasets, schedule):
     api_router.include_router(module.router)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
 from api.deps import Auth, JobDep, StateDep, StoreDep
+from api.scheduling import check_device_counts
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -67,6 +68,8 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     check_trainable(model)
     device_ids = check_devices(state.handle, spec.devices)
+    cluster = state.handle.cluster
+    check_device_counts(spec, len(cluster.ids) if cluster is not None else 0)
     resolve_dataset(
         state.settings.data_dir,
         spec.dataset,

@@ -2,6 +2,9 @@
 
 One local Ray for the module (the bundled local-sim cluster, 2 CPUs) and one
 profile cache, so gpt-tiny is measured once; every test has its own database.
+The apps run the ``fifo`` policy: these tests pin first-come-first-served
+behaviour (a job naming no devices takes the whole cluster); the other
+policies are tested in test_schedule.py.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ def local_ray() -> Iterator[None]:
 @pytest.fixture
 def live(
     local_ray: None, cache_dir: Path, tmp_path: Path, settings_factory: Callable[..., Settings]
-) -> Callable[[], TestClient]:
+) -> Callable[..., TestClient]:
     """A client over an app with the executor running on the shared local Ray."""
 
-    def build() -> TestClient:
-        return TestClient(create_app(settings_factory(tmp_path, cache_dir=cache_dir)))
+    def build(**overrides: Any) -> TestClient:
+        values = {"cache_dir": cache_dir, "policy": "fifo", **overrides}
+        return TestClient(create_app(settings_factory(tmp_path, **values)))
 
     return build
 

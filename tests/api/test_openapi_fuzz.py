@@ -63,11 +63,18 @@ cost, reported separately, not the contract this test checks."""
 def _skip_unstated_rule(case: schemathesis.Case) -> None:
     """``d_model % num_heads == 0`` (and ``num_heads % num_kv_heads == 0``) is documented
     in words; JSON Schema cannot divide, so a generated model that breaks it is not a
-    schema-valid request."""
-    batch = case.body.get("global_batch") if isinstance(case.body, dict) else None
+    schema-valid request. Nor can it compare two fields: ``min_devices <= max_devices``
+    and no more than ``devices``."""
+    body = case.body if isinstance(case.body, dict) else {}
+    least, most, named = body.get("min_devices"), body.get("max_devices"), body.get("devices")
+    if isinstance(least, int | float) and isinstance(most, int | float) and least > most:
+        reject()
+    if isinstance(least, int | float) and isinstance(named, list) and least > len(named):
+        reject()
+    batch = body.get("global_batch")
     if isinstance(batch, int | float) and batch > MAX_FUZZ_GLOBAL_BATCH:
         reject()
-    model = case.body.get("model") if isinstance(case.body, dict) else None
+    model = body.get("model")
     if isinstance(model, dict):
         heads, d_model = model.get("num_heads"), model.get("d_model")
         numbers = isinstance(heads, int | float) and isinstance(d_model, int | float)

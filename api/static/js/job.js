@@ -9,6 +9,7 @@ import {
 } from "./format.js";
 import { refreshCluster, state as overview, strategyText } from "./overview.js";
 import { planSummary, renderPlan } from "./plan.js";
+import { renderAllocations } from "./schedule.js";
 import { TERMINAL } from "./states.js";
 
 const $ = (id) => document.getElementById(id);
@@ -208,6 +209,7 @@ function renderSpec(job) {
 function render(job, steps, checkpoints) {
   renderHead(job);
   renderEvents(job, checkpoints);
+  renderAllocations(job);
   renderTiles(job);
   const planKey = JSON.stringify(job.plan);
   if (planKey !== current.planKey || overview.devices.size !== current.numDevices) {

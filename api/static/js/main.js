@@ -4,6 +4,7 @@
 
 import { hideJob, showJob } from "./job.js";
 import { loadOptions, refreshCluster, refreshJobs, setupForm, showBanner } from "./overview.js";
+import { refreshSchedule } from "./schedule.js";
 
 const $ = (id) => document.getElementById(id);
 const OVERVIEW_POLL_MS = 2000;
@@ -19,7 +20,7 @@ async function pollOverview() {
   clearTimeout(overviewTimer);
   try {
     if (!document.hidden) {
-      await Promise.all([refreshCluster(), refreshJobs()]);
+      await Promise.all([refreshCluster(), refreshJobs(), refreshSchedule()]);
     }
   } catch (err) {
     showBanner(err.message);
