@@ -5,11 +5,11 @@ rank 0's address and port to every rank and joins them into the run's
 process group, restores a state if given, drives the steps in lockstep
 (``should_stop`` between steps, each step to ``on_step``), optionally reads
 the final state back, and has every rank leave the group. A run that fails
-gives its actors back to the pool to be replaced (a stuck collective cannot
-be left cleanly) and raises :class:`~workers.errors.WorkerError` naming the
-device. Data-parallel and pipeline ranks differ only in their
-:class:`~workers.spec.RankSpec`; checkpoints, recovery and re-planning are
-written here once for all of them.
+gives its actors back to the pool, which keeps those that leave the run
+cleanly and replaces the dead and the stuck (:meth:`WorkerPool.salvage`), and
+raises :class:`~workers.errors.WorkerError` naming the device. Data-parallel
+and pipeline ranks differ only in their :class:`~workers.spec.RankSpec`;
+checkpoints, recovery and re-planning are written here once for all of them.
 """
 
 from __future__ import annotations
@@ -394,12 +394,12 @@ def run(
             gather(
                 [a.leave.remote() for a in actors], ids, timeout_s=SHUTDOWN_TIMEOUT_S, what="leave"
             )
-        except WorkerError:  # the results stand; the actors are replaced
-            pool.discard(ids)
+        except WorkerError:  # the results stand; the actors that cannot leave are replaced
+            pool.salvage(ids)
         done = True
     finally:
         if not done:
-            pool.discard(ids)
+            pool.salvage(ids)
     return TrainResult(
         steps_done=len(history),
         losses=[m.loss for m in history],

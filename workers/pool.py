@@ -4,9 +4,10 @@ Starting a Ray actor costs seconds (a process, torch's import, the first
 allocation), far more than a small job's first step. The pool keeps one
 :class:`~workers.worker.DeviceWorker` per device and hands the live ones to
 each run; a run joins them into its own process group and leaves it when it
-ends. An actor that died (a crash, a killed process, a lost node) or that a
-failed run gave back (:meth:`WorkerPool.discard`: its collective may be
-stuck) is started again on the next :meth:`WorkerPool.acquire`.
+ends. After a failed run the workers that can leave it cleanly stay warm
+(:meth:`WorkerPool.salvage`); an actor that died (a crash, a killed process,
+a lost node) or is stuck in a collective is killed and started again on the
+next :meth:`WorkerPool.acquire`.
 
 Placement: a device of the embedded local Ray lands by its ``hetsched:``
 resource (:func:`workers.actors.actor_options`); a device whose spec node
@@ -39,6 +40,8 @@ PING_TIMEOUT_S = 10.0
 """How long a pooled actor may take to answer before it is replaced."""
 START_TIMEOUT_S = 180.0
 """A fresh actor's start (process, torch import), generous for a loaded host."""
+SALVAGE_TIMEOUT_S = 10.0
+"""How long a worker of a failed run may take to leave it before it is replaced."""
 
 
 class WorkerPool:
@@ -115,13 +118,35 @@ class WorkerPool:
         )
 
     def discard(self, device_ids: Sequence[str]) -> None:
-        """Kill these actors (after a failed run); the next acquire starts new ones."""
+        """Kill these actors; the next acquire starts new ones."""
         with self._lock:
             for device_id in device_ids:
                 actor = self._actors.pop(device_id, None)
                 if actor is not None:
                     with contextlib.suppress(Exception):  # already gone is fine
                         ray.kill(actor, no_restart=True)
+
+    def salvage(self, device_ids: Sequence[str], timeout_s: float = SALVAGE_TIMEOUT_S) -> None:
+        """After a failed run: keep the workers that leave it cleanly, replace the others.
+
+        A worker whose peer died got an error from its collective and answers at
+        once; it drops the run's engine and process group and stays warm, so a
+        recovery does not wait for every process to start again. One that is
+        dead, or still stuck in a collective past ``timeout_s``, is killed.
+        """
+        with self._lock:
+            actors = {d: self._actors[d] for d in device_ids if d in self._actors}
+        calls = {d: a.abandon.remote() for d, a in actors.items()}
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=timeout_s)
+        gone = []
+        for device_id, call in calls.items():
+            try:
+                if call not in ready:
+                    raise TimeoutError
+                ray.get(call, timeout=0)
+            except Exception:  # dead, stuck, or its cleanup failed
+                gone.append(device_id)
+        self.discard(gone)
 
     def pids(self) -> dict[str, int]:
         """Process id of each live pooled actor (for operators and tests)."""

@@ -220,6 +220,13 @@ class DeviceWorker:
         if not self.simulated and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def abandon(self) -> None:
+        """Leave a run that failed: its engine and its process group, whose peers may be
+        gone. The worker stays warm for the next run (:meth:`WorkerPool.salvage`)."""
+        self.leave()
+        leave_group()
+        self.group_key = None
+
     def _engine(self) -> Engine:
         if self.engine is None:
             raise RuntimeError(f"{self.device_id}: not in a run; join() first")
