@@ -31,9 +31,8 @@ from tests.api import test_job_lifecycle as lifecycle
 from tests.api.conftest import make_settings
 from tests.api.test_job_lifecycle import JOBS, TERMINAL, wait_for
 
-# The lifecycle module's fixtures: one local Ray and one profile cache per module.
+# The lifecycle module's local Ray, one per module (the profile cache is the session's).
 local_ray = lifecycle.local_ray
-cache_dir = lifecycle.cache_dir
 
 pytestmark = pytest.mark.benchmark
 
