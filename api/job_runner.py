@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from api.services import (
     ClusterHandle,
     Profiler,
-    _inside,
+    inside_data_dir,
     model_from_ref,
     plan_summary,
     resolve_dataset,
@@ -315,7 +315,7 @@ class JobRunner:
         from workers.hf import load_hf_directory
         from workers.session import write_weights
 
-        directory = _inside(self.settings.data_dir, name, what="init_from")
+        directory = inside_data_dir(self.settings.data_dir, name, what="init_from")
         if not directory.is_dir():
             raise HetschedError(
                 f"init_from: no directory {name!r} in the server's data directory "

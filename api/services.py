@@ -216,11 +216,11 @@ def model_from_ref(
                 f"model: {ref!r} is a path; this server reads model configs only from "
                 "its data directory"
             )
-        return load_hf_config(_inside(data_dir, ref.removeprefix("hf:"), what="model"))
+        return load_hf_config(inside_data_dir(data_dir, ref.removeprefix("hf:"), what="model"))
     return ModelPreset(**ref.model_dump())
 
 
-def _inside(data_dir: Path, name: str, *, what: str) -> Path:
+def inside_data_dir(data_dir: Path, name: str, *, what: str) -> Path:
     """``name`` resolved inside the data directory; anything reaching outside is refused."""
     root = data_dir.resolve()
     path = (root / name).resolve()
@@ -268,7 +268,7 @@ def resolve_dataset(
     directory, nowhere else, checked against the model and the global batch when given
     (workers/datafile.py: sidecar, size, vocabulary, one global batch) before any worker
     starts."""
-    path = DEFAULT_CORPUS if name == "default" else _inside(data_dir, name, what="dataset")
+    path = DEFAULT_CORPUS if name == "default" else inside_data_dir(data_dir, name, what="dataset")
     if not path.is_file() or not is_dataset_name(path.name):
         known = ", ".join(list_datasets(data_dir))
         raise NotOnServer(
