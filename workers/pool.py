@@ -137,6 +137,8 @@ class WorkerPool:
         with self._lock:
             actors = {d: self._actors[d] for d in device_ids if d in self._actors}
         calls = {d: a.abandon.remote() for d, a in actors.items()}
+        if not calls:
+            return
         ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=timeout_s)
         gone = []
         for device_id, call in calls.items():
