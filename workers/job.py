@@ -206,7 +206,7 @@ def train_job(
                     f"{len(failures)} failures, more than max_failures {max_failures}: "
                     + "; ".join(failures)
                 ) from exc
-            lost = pool.lost() & {d.id for d in plan.devices}
+            lost = pool.lost(probe=True) & {d.id for d in plan.devices}
             left_out.update(lost)
             new_plan = replan(left_out)
             # Before the job's first checkpoint, start again from where it started.

@@ -18,12 +18,16 @@ all name the first; ``CPU`` names both, which is refused as ambiguous.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.cluster import Cluster, Device
 from workers.errors import WorkerError
+
+PROBE_TIMEOUT_S = 2.0
+"""How long a raylet may take to accept a connection before its node counts as gone."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,6 +37,8 @@ class RayNode:
     name: str
     resources: frozenset[str] = field(default_factory=frozenset)
     """Names of the node's resources, custom ones included."""
+    port: int = 0
+    """Its raylet's port (0: unknown)."""
 
     def answers_to(self, selector: str) -> bool:
         return selector in (self.node_id, self.address, self.name) or selector in self.resources
@@ -49,11 +55,28 @@ def _builtin(resource: str) -> bool:
     )
 
 
-def live_nodes() -> list[RayNode]:
-    """The alive nodes of the connected Ray cluster."""
+def live_nodes(*, probe: bool = False) -> list[RayNode]:
+    """The alive nodes of the connected Ray cluster.
+
+    Ray marks a node dead only after several missed health checks (seconds to
+    tens of seconds); with ``probe`` a node whose raylet refuses a connection
+    now counts as gone already, so a recovery right after a node dies plans
+    without it instead of failing on it a second time.
+    """
     import ray
 
-    return [_from_ray(info) for info in ray.nodes() if info.get("Alive")]
+    nodes = [_from_ray(info) for info in ray.nodes() if info.get("Alive")]
+    return [n for n in nodes if raylet_answers(n)] if probe else nodes
+
+
+def raylet_answers(node: RayNode, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    if not node.port or not node.address:
+        return True  # nothing to probe: Ray's word stands
+    try:
+        with socket.create_connection((node.address, node.port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _from_ray(info: dict[str, Any]) -> RayNode:
@@ -62,6 +85,7 @@ def _from_ray(info: dict[str, Any]) -> RayNode:
         address=str(info.get("NodeManagerAddress", "")),
         name=str(info.get("NodeName", "")),
         resources=frozenset(info.get("Resources", {})),
+        port=int(info.get("NodeManagerPort") or 0),
     )
 
 

@@ -78,13 +78,14 @@ class WorkerPool:
         """Start the actors of ``device_ids`` (all devices) now, ahead of the first job."""
         self.acquire(list(device_ids) if device_ids is not None else self.cluster.ids)
 
-    def lost(self) -> set[str]:
+    def lost(self, *, probe: bool = False) -> set[str]:
         """Devices that cannot be used: marked lost, or placed on a Ray node (by name)
-        that no live node answers to now."""
+        that no live node answers to now (``probe``: whose raylet answers now,
+        :func:`workers.placement.live_nodes`)."""
         named = self._placed_by_name(self.cluster.ids)
         gone: set[str] = set()
         if named:
-            nodes = live_nodes()
+            nodes = live_nodes(probe=probe)
             gone = {d for d, s in named.items() if not any(n.answers_to(s) for n in nodes)}
         with self._lock:
             return set(self._lost) | gone

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 
 import psutil
@@ -121,11 +120,9 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
 
     def remove_node_b(metrics) -> None:
         if metrics.step == LOSE_AT_STEP and not recoveries and "node-b/0" not in pool.lost():
+            # No waiting for Ray to mark it dead: the recovery must find it gone itself
+            # (Ray's view, or its raylet refusing connections: placement.live_nodes).
             cluster.remove_node(nodes["node-b"])
-            deadline = time.monotonic() + 60
-            while "node-b/0" not in pool.lost():  # Ray has seen the node go
-                assert time.monotonic() < deadline, "Ray never reported node-b dead"
-                time.sleep(0.2)
 
     result = train(
         cache_dir=cache_dir,

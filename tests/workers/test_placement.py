@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+from dataclasses import replace
+
 import pytest
 
 from scheduler.cluster import parse_cluster, with_ray_nodes
 from workers.errors import WorkerError
-from workers.placement import RayNode, check_placement, resolve
+from workers.placement import RayNode, check_placement, raylet_answers, resolve
 
 HEAD = RayNode(node_id="aa" * 28, address="10.0.0.5", name="10.0.0.5", resources=frozenset({"CPU"}))
 B = RayNode(
@@ -46,3 +49,14 @@ def test_a_spec_node_without_a_live_ray_node_is_one_line_listing_the_live_ones()
     assert message.startswith("cluster: no live Ray node for node-b; ")
     assert "live Ray nodes: 10.0.0.5 (id aaaaaaaaaaaa…); 10.0.0.6 (id cccccccccccc…)" in message
     assert "\n" not in message
+
+
+def test_a_node_whose_raylet_refuses_connections_is_gone_to_a_probe() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        up = RayNode(node_id="dd" * 28, address="127.0.0.1", name="127.0.0.1", port=port)
+        assert raylet_answers(up)
+    assert not raylet_answers(up), "nothing listens on its port any more"
+    assert raylet_answers(replace(up, port=0)), "no port known: Ray's word stands"
