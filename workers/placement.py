@@ -70,6 +70,8 @@ def live_nodes(*, probe: bool = False) -> list[RayNode]:
 
 
 def raylet_answers(node: RayNode, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the node's raylet accepts a TCP connection within ``timeout_s`` (a dead
+    process refuses at once; a powered-off or cut-off machine times out)."""
     if not node.port or not node.address:
         return True  # nothing to probe: Ray's word stands
     try:
