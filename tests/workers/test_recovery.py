@@ -77,16 +77,18 @@ def pool():
 def reference(pool, cache_dir):
     """The uninterrupted loss curve."""
     result = train(
-        cluster=CLUSTER,
-        model=TINY,
         plan=DP,
         steps=STEPS,
-        seed=SEED,
-        optimizer=OPT,
-        cache_dir=cache_dir,
-        pool=pool,
+        **_run_on(pool, cache_dir),
     )
     return result.losses
+
+
+def _run_on(pool, cache_dir) -> dict:
+    """What every run of this module shares: the cluster, model, seed and optimizer."""
+    return dict(
+        cluster=CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
+    )
 
 
 def _durable(tmp_path, name: str, every: int = 2) -> Checkpointing:
@@ -98,9 +100,7 @@ def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchan
 ) -> None:
     """dp writes at step 2, pp restores it and writes at step 5, hybrid restores that and
     finishes: the loss curve is the uninterrupted dp run's."""
-    common = dict(
-        cluster=CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
-    )
+    common = _run_on(pool, cache_dir)
     store = CheckpointStore(str(tmp_path / "moves"))
     first = train(plan=DP, steps=3, checkpointing=_durable(tmp_path, "moves", 3), **common)
     second = train(
@@ -128,14 +128,9 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
             os.kill(pool.pids()["a/1"], signal.SIGKILL)
 
     result = train(
-        cluster=CLUSTER,
-        model=TINY,
         plan=DP,
         steps=STEPS,
-        seed=SEED,
-        optimizer=OPT,
-        cache_dir=cache_dir,
-        pool=pool,
+        **_run_on(pool, cache_dir),
         checkpointing=_durable(tmp_path, "kill"),
         max_failures=2,
         on_step=kill_once,
@@ -166,14 +161,9 @@ def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
 
     try:
         result = train(
-            cluster=CLUSTER,
-            model=TINY,
             plan=DP,
             steps=STEPS,
-            seed=SEED,
-            optimizer=OPT,
-            cache_dir=cache_dir,
-            pool=pool,
+            **_run_on(pool, cache_dir),
             checkpointing=_durable(tmp_path, "lost"),
             max_failures=1,
             replan=replan,
@@ -206,14 +196,9 @@ def test_a_lost_device_that_comes_back_is_taken_back_at_the_next_checkpoint(
 
     try:
         result = train(
-            cluster=CLUSTER,
-            model=TINY,
             plan=DP,
             steps=STEPS,
-            seed=SEED,
-            optimizer=OPT,
-            cache_dir=cache_dir,
-            pool=pool,
+            **_run_on(pool, cache_dir),
             checkpointing=_durable(tmp_path, "back"),
             max_failures=1,
             replan=lambda lost: slower if "a/1" in lost else DP,
@@ -237,14 +222,9 @@ def test_more_failures_than_allowed_fail_the_job_naming_them(pool, cache_dir, tm
 
     with pytest.raises(WorkerError, match=r"^2 failures, more than max_failures 1: step 1: a/2"):
         train(
-            cluster=CLUSTER,
-            model=TINY,
             plan=DP,
             steps=STEPS,
-            seed=SEED,
-            optimizer=OPT,
-            cache_dir=cache_dir,
-            pool=pool,
+            **_run_on(pool, cache_dir),
             checkpointing=_durable(tmp_path, "many"),
             max_failures=1,
             on_step=kill_every_time,
