@@ -22,9 +22,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from api.contract import AllowHeader, install_openapi
-from api.db import make_engine
+from api.core.db import make_engine
+from api.core.settings import API_PREFIX, Settings
 from api.deps import AppState
-from api.executor import Executor
+from api.execution.executor import Executor
 from api.routes import api_router, docs, health, metrics
 from api.services import (
     ClusterHandle,
@@ -33,7 +34,6 @@ from api.services import (
     Profiler,
     connect_cluster,
 )
-from api.settings import API_PREFIX, Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError, PlanError
 

@@ -17,9 +17,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.executor import Executor
+from api.core.settings import Settings
+from api.execution.executor import Executor
 from api.services import ClusterHandle, Profiler
-from api.settings import Settings
 from api.store import JobRecord, JobStore
 
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")

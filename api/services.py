@@ -5,7 +5,7 @@ a simulated cluster spec (the embedded default), or an existing Ray cluster
 (``--ray-address``) whose GPUs become the cluster, or which runs a simulated
 cluster spec's devices on the Ray nodes the spec names (``--ray-address``
 with ``--cluster``). Ray's token authentication is handled before joining
-(``workers.ray_connect``). When Ray cannot be reached the service still
+(``workers.cluster.ray_connect``). When Ray cannot be reached the service still
 starts and reports the cluster unavailable; ``hetsched serve`` checks first
 (:func:`check_external_ray`) and refuses to start with one line instead.
 
@@ -31,20 +31,20 @@ from typing import Any
 
 import fsspec
 
-from api.local_ray import LocalRaySession
-from api.schemas import ModelDims
-from api.settings import Settings
+from api.core.local_ray import LocalRaySession
+from api.core.settings import Settings
+from api.schemas.plans import ModelDims
 from api.store import JobStore, ProfileRecord
-from scheduler.capacity import usable_capacity_bytes
-from scheduler.cluster import Cluster, load_cluster, with_ray_nodes
+from scheduler.cost.profile import Profile, analytic_profile, profile_from_dict
 from scheduler.errors import HetschedError, PlanError
-from scheduler.hf_config import is_path_ref, load_hf_config
-from scheduler.models import ModelPreset, get_preset, preset_to_dict
-from scheduler.plan import Plan
-from scheduler.planner import make_plan
-from scheduler.profile import Profile, analytic_profile, profile_from_dict
+from scheduler.hardware.capacity import usable_capacity_bytes
+from scheduler.hardware.cluster import Cluster, load_cluster, with_ray_nodes
+from scheduler.models.hf_config import is_path_ref, load_hf_config
+from scheduler.models.presets import ModelPreset, get_preset, preset_to_dict
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import make_plan
 from scheduler.units import format_bytes
-from workers.datafile import DEFAULT_CORPUS, inspect_dataset
+from workers.data.datafile import DEFAULT_CORPUS, inspect_dataset
 
 log = logging.getLogger("hetsched.api")
 DATASET_SUFFIXES = (".txt", ".bin")
@@ -67,7 +67,7 @@ class ClusterHandle:
     simulated: bool = True
     ray_address: str | None = None
     pool: Any = None
-    """The warm workers (:class:`workers.pool.WorkerPool`) when the cluster is available."""
+    """The warm workers (:class:`workers.cluster.pool.WorkerPool`) when the cluster is available."""
     local_ray: LocalRaySession | None = None
     """Set when this service started the local Ray: it stops it when it stops."""
 
@@ -121,7 +121,7 @@ def connect_cluster(settings: Settings) -> ClusterHandle:
 
 def _connect_external(settings: Settings, address: str) -> ClusterHandle:
     """An external Ray cluster: its GPUs, or with a cluster spec, simulated devices
-    placed on the Ray nodes the spec names (``workers.placement``)."""
+    placed on the Ray nodes the spec names (``workers.cluster.placement``)."""
     simulated = settings.cluster is not None
 
     def unavailable(message: str) -> ClusterHandle:
@@ -137,8 +137,8 @@ def _connect_external(settings: Settings, address: str) -> ClusterHandle:
     if unreachable:
         return unavailable(f"cannot connect to Ray at {address}: {unreachable}")
     try:
-        from workers.placement import check_placement, live_nodes
-        from workers.ray_connect import connect
+        from workers.cluster.placement import check_placement, live_nodes
+        from workers.cluster.ray_connect import connect
         from workers.session import WorkerPool, connect_ray
 
         if settings.cluster is not None:
@@ -170,8 +170,8 @@ def check_external_ray(settings: Settings) -> None:
     cluster = None
     if settings.cluster is not None:
         cluster = with_ray_nodes(load_cluster(settings.cluster))
-    from workers.placement import check_placement, nodes_from_gcs
-    from workers.ray_connect import check_auth, gcs_address
+    from workers.cluster.placement import check_placement, nodes_from_gcs
+    from workers.cluster.ray_connect import check_auth, gcs_address
 
     check_auth(address)
     gcs = gcs_address(address)
@@ -266,7 +266,7 @@ def resolve_dataset(
 ) -> Path | None:
     """``default`` (the bundled corpus, ``None``) or a dataset file inside the data
     directory, nowhere else, checked against the model and the global batch when given
-    (workers/datafile.py: sidecar, size, vocabulary, one global batch) before any worker
+    (workers/data/datafile.py: sidecar, size, vocabulary, one global batch) before any worker
     starts."""
     path = DEFAULT_CORPUS if name == "default" else inside_data_dir(data_dir, name, what="dataset")
     if not path.is_file() or not is_dataset_name(path.name):
@@ -303,7 +303,7 @@ def list_datasets(data_dir: Path) -> list[str]:
 def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[str]) -> None:
     """Refuse, before any actor builds it, a model whose states fit no simulated device.
 
-    Simulated capacity is :func:`scheduler.capacity.usable_capacity_bytes`; the
+    Simulated capacity is :func:`scheduler.hardware.capacity.usable_capacity_bytes`; the
     model states are 16 bytes per parameter (weights, gradients, AdamW moments).
     """
     reasons = []

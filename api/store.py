@@ -21,10 +21,10 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
-from api.schemas import JobCreate
+from api.core.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
+from api.schemas.jobs import JobCreate
 from api.states import TERMINAL_STATES, JobState
-from scheduler.plan import Plan, plan_from_dict
+from scheduler.planning.plan import Plan, plan_from_dict
 
 # Short names for the states of api/states.py (the executor uses them).
 PENDING, RUNNING = JobState.PENDING, JobState.RUNNING

@@ -5,22 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from api.executor import Executor
-from api.schemas import (
-    AllocationPublic,
-    ClusterPublic,
-    DevicePublic,
-    JobEventPublic,
-    JobPublic,
-    MeasuredSpeed,
-    NodePublic,
-    PlanPublic,
-    ProfilePublic,
-)
+from api.execution.executor import Executor
+from api.schemas.cluster import ClusterPublic, DevicePublic, MeasuredSpeed, NodePublic
+from api.schemas.jobs import AllocationPublic, JobEventPublic, JobPublic
+from api.schemas.plans import PlanPublic
+from api.schemas.profiles import ProfilePublic
 from api.services import ClusterHandle
 from api.store import EventRecord, JobRecord, JobStore, ProfileRecord
-from scheduler.capacity import usable_capacity_bytes
-from scheduler.plan import Plan
+from scheduler.hardware.capacity import usable_capacity_bytes
+from scheduler.planning.plan import Plan
 
 
 def plan_public(plan: Plan) -> PlanPublic:

@@ -145,7 +145,7 @@ def write_weights(
 
     No optimizer state: a run restoring it starts at step 0 with fresh AdamW
     moments, which is how a fine-tune starts from released weights (a Hugging
-    Face directory, :mod:`workers.hf`). It lies outside the job's step
+    Face directory, :mod:`workers.models.hf`). It lies outside the job's step
     directories, so resuming and pruning never see it.
     """
     part = "part-0000.safetensors"

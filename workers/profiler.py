@@ -1,9 +1,9 @@
 """The profiler: what each device costs per micro-batch and per sample, cached.
 
-Each device is measured inside its warm worker (:mod:`workers.pool`) by
-:class:`workers.measure.Measurement` through its ``TorchDevice``, so
+Each device is measured inside its warm worker (:mod:`workers.cluster.pool`) by
+:class:`workers.runtime.measure.Measurement` through its ``TorchDevice``, so
 simulated and real devices go through the same code; per-layer figures for
-pipeline planning come from :func:`workers.layer_profile.measure_layers` in
+pipeline planning come from :func:`workers.devices.layer_profile.measure_layers` in
 the same actor.
 
 Links: a simulated cluster emulates the links of its spec, so those are
@@ -29,16 +29,16 @@ from typing import Any
 
 import torch
 
-from scheduler.cluster import Cluster, Links
-from scheduler.models import ModelPreset
-from scheduler.profile import LayerProfile, Profile, profile_from_dict
-from workers.actors import gather, start_local_ray
-from workers.calibration import HostCalibration, default_cache_dir
-from workers.devices import TorchDevice
+from scheduler.cost.profile import LayerProfile, Profile, profile_from_dict
+from scheduler.hardware.cluster import Cluster, Links
+from scheduler.models.presets import ModelPreset
+from workers.cluster.actors import gather, start_local_ray
+from workers.cluster.pool import WorkerPool
+from workers.devices.calibration import HostCalibration, default_cache_dir
+from workers.devices.device import TorchDevice
+from workers.devices.layer_profile import host_layers, measure_layers
+from workers.devices.pacing import Pacing, no_pacing, simulated_pacing
 from workers.errors import WorkerError
-from workers.layer_profile import host_layers, measure_layers
-from workers.pacing import Pacing, no_pacing, simulated_pacing
-from workers.pool import WorkerPool
 
 PROFILE_TIMEOUT_S = 600.0
 PROFILE_VERSION = 4

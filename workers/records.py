@@ -96,7 +96,7 @@ class StepMetrics:
     devices: tuple[DeviceStep, ...]
     val_loss: float | None = None
     """Mean token loss on the held-out validation samples after this step's update;
-    None on steps without an evaluation (:class:`workers.driver.Validation`)."""
+    None on steps without an evaluation (:class:`workers.run.driver.Validation`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,7 +115,7 @@ class TrainResult:
     (``train(..., keep_state=True)``): a checkpoint to resume or verify from."""
     next_plan: Any = None
     """A re-plan that needs a restart ended the run here: the plan to go on with
-    (a :class:`scheduler.plan.Plan`), from the checkpoint written at the last step."""
+    (a :class:`scheduler.planning.plan.Plan`), from the checkpoint written at the last step."""
 
 
 def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:

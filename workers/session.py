@@ -14,7 +14,7 @@ only these names::
 Simulated devices are paced against a host calibration cached under
 ``cache_dir``; pass the same ``cache_dir`` to :func:`profile_cluster` and
 :func:`train` so that the two pace identically (the default is
-:func:`workers.calibration.default_cache_dir`).
+:func:`workers.devices.calibration.default_cache_dir`).
 """
 
 from __future__ import annotations
@@ -28,28 +28,28 @@ import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from scheduler.catalogue import lookup
-from scheduler.cluster import Cluster, Device, Links
-from scheduler.faults import FaultSchedule
-from scheduler.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
-from scheduler.models import ModelPreset, check_trainable
-from scheduler.plan import Plan
-from scheduler.profile import Profile
-from scheduler.replan import ReplanDecision
-from workers.actors import start_local_ray
-from workers.calibration import default_cache_dir
+from scheduler.cost.profile import Profile
+from scheduler.hardware.catalogue import lookup
+from scheduler.hardware.cluster import Cluster, Device, Links
+from scheduler.hardware.faults import FaultSchedule
+from scheduler.hardware.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
+from scheduler.models.presets import ModelPreset, check_trainable
+from scheduler.planning.plan import Plan
+from scheduler.replan.decision import ReplanDecision
 from workers.checkpoint import CheckpointInfo, CheckpointStore, write_weights
-from workers.data import open_dataset
-from workers.driver import Checkpointing, Validation, default_validation
+from workers.cluster.actors import start_local_ray
+from workers.cluster.pool import WorkerPool
+from workers.data.dataset import open_dataset
+from workers.devices.calibration import default_cache_dir
+from workers.devices.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.errors import WorkerError
-from workers.faults import FaultInjector
-from workers.job import Recovery, train_job
-from workers.pacing import no_pacing, pacing_margin, simulated_pacing
-from workers.pool import WorkerPool
 from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
-from workers.replanning import LiveReplanning, Replanner
-from workers.spec import RankSpec, RunSpec, make_ranks
+from workers.run.driver import Checkpointing, Validation, default_validation
+from workers.run.faults import FaultInjector
+from workers.run.job import Recovery, train_job
+from workers.run.replanning import LiveReplanning, Replanner
+from workers.runtime.spec import RankSpec, RunSpec, make_ranks
 
 __all__ = [
     "CheckpointInfo",
@@ -83,11 +83,11 @@ def connect_ray(address: str) -> Cluster:
     Each live node with GPUs becomes a node named by its IP address. Ray
     reports one accelerator type per node and only its model, so each node's
     driver is asked for every GPU's own name and memory (:func:`probe_gpus`),
-    mapped to the catalogue by :func:`scheduler.gpu_names.catalogue_key`;
+    mapped to the catalogue by :func:`scheduler.hardware.gpu_names.catalogue_key`;
     device ``NODE/INDEX`` is the GPU of that physical index, which its worker
     is pinned to.
     """
-    from workers.ray_connect import connect
+    from workers.cluster.ray_connect import connect
 
     connect(address)  # token authentication checked, one line when it fails
     devices: list[Device] = []
@@ -196,7 +196,7 @@ def train(
 
     One warm worker per active device of the plan (from ``pool``, or a
     temporary pool) joined into a fresh torch.distributed group, for every
-    strategy (:mod:`workers.driver`); ``on_step`` is called in this thread
+    strategy (:mod:`workers.run.driver`); ``on_step`` is called in this thread
     after every step and ``should_stop`` is checked between steps. Raises
     :class:`WorkerError` naming the device on OOM, crash or a lost actor,
     within bounded time. ``dtype="float64"`` trains in double precision, for
@@ -206,12 +206,12 @@ def train(
 
     ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint
     of any plan) it goes on at the step after the checkpoint's. Durable runs
-    (:mod:`workers.job`): ``checkpointing`` writes plan-independent
+    (:mod:`workers.run.job`): ``checkpointing`` writes plan-independent
     checkpoints, and with ``max_failures > 0`` a failed device is recovered
     from the last checkpoint on the plan ``replan(lost devices)`` returns (by
     default the same plan: a crashed worker is replaced, a lost device is not).
-    ``faults`` injects a simulated cluster's faults (:mod:`workers.faults`);
-    ``live`` follows speed changes (:mod:`workers.replanning`), in place for
+    ``faults`` injects a simulated cluster's faults (:mod:`workers.run.faults`);
+    ``live`` follows speed changes (:mod:`workers.run.replanning`), in place for
     data parallelism and, with ``checkpointing``, through a checkpoint otherwise.
     ``validation`` evaluates the dataset's held-out split (:class:`Validation`);
     each evaluated step's :class:`StepMetrics` carries its ``val_loss``.

@@ -4,13 +4,13 @@
         --trace deploy/traces/example.csv --policy fifo,fair,goodput [--json] [--chart jct.png]
     hetsched cluster-sim --generate 200 --rate 6 --seed 0 [-o trace.csv]
 
-The first form runs :func:`scheduler.clustersim.simulate` once per policy (no
+The first form runs :func:`scheduler.clustersim.simulator.simulate` once per policy (no
 training, the cost model only) and prints a table of average, median and 99th
 percentile job completion time, makespan, utilisation and slowest decision;
 ``--json`` prints one JSON object and nothing else; ``--chart`` writes a PNG
 of every job's completion time per policy (needs matplotlib: the ``plot``
 extra). The second form writes a generated trace (CSV, see
-:mod:`scheduler.trace`) to ``-o`` or stdout.
+:mod:`scheduler.clustersim.trace`) to ``-o`` or stdout.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.plan import format_table
-from scheduler.cluster import Cluster, load_cluster
-from scheduler.clustersim import SimResult, SimSettings, simulate
+from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
+from scheduler.clustersim.trace import TraceJob, generate_trace, load_trace, trace_to_csv
 from scheduler.errors import HetschedError
-from scheduler.policy_rates import PlannedRates
-from scheduler.policy_types import POLICIES, PolicyName, PolicySettings
-from scheduler.trace import TraceJob, generate_trace, load_trace, trace_to_csv
+from scheduler.hardware.cluster import Cluster, load_cluster
+from scheduler.policy.rates import PlannedRates
+from scheduler.policy.types import POLICIES, PolicyName, PolicySettings
 
 DEFAULTS = SimSettings()
 

@@ -25,7 +25,7 @@ A CHECKPOINT is one of:
   ``"tokenizer": path``), or a ``.safetensors`` file of the state dict with
   a small JSON beside it, ``FILE.safetensors.json``, holding ``{"preset": ...}``.
 
-Reading is kept apart from the mapping (workers/hf.py).
+Reading is kept apart from the mapping (workers/models/hf.py).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from typing import Any
 
 import torch
 
-from api.db import make_engine
-from api.settings import Settings
+from api.core.db import make_engine
+from api.core.settings import Settings
 from api.store import JobStore
 from scheduler.errors import HetschedError
-from scheduler.models import ModelPreset, get_preset, preset_from_dict
+from scheduler.models.presets import ModelPreset, get_preset, preset_from_dict
 from workers.checkpoint import MANIFEST, CheckpointInfo, CheckpointStore, read_tensors
-from workers.datafile import describe_file
-from workers.hf import read_safetensors, save_hf_directory
+from workers.data.datafile import describe_file
+from workers.models.hf import read_safetensors, save_hf_directory
 
 JOB_REF = re.compile(r"^([0-9a-f]{1,32})(?:@([0-9]{1,9}))?$")
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from api.commands.plan import format_table
-from scheduler.catalogue import CATALOGUE
+from scheduler.hardware.catalogue import CATALOGUE
 
 
 def add_parser(subparsers: Any) -> None:

@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler.cluster import load_cluster
+from scheduler.cost.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
 from scheduler.errors import HetschedError
-from scheduler.hf_config import resolve_model
-from scheduler.models import PRESETS
-from scheduler.plan import Plan
-from scheduler.planner import STRATEGIES, make_plan
-from scheduler.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.hf_config import resolve_model
+from scheduler.models.presets import PRESETS
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import STRATEGIES, make_plan
 from scheduler.units import format_bytes
 
 BAR_WIDTH = 20

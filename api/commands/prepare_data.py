@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from scheduler.errors import HetschedError
-from workers.datafile import BYTE_VOCAB, token_dtype, write_token_file
+from workers.data.datafile import BYTE_VOCAB, token_dtype, write_token_file
 
 END_OF_TEXT = "<|endoftext|>"
 CHUNK_CHARS = 1 << 20

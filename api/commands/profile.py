@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.plan import format_table
-from scheduler.cluster import load_cluster
+from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
-from scheduler.hf_config import resolve_model
-from scheduler.models import PRESETS, check_trainable
-from scheduler.profile import Profile
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.hf_config import resolve_model
+from scheduler.models.presets import PRESETS, check_trainable
 
 
 def add_parser(subparsers: Any) -> None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise HetschedError("--cluster: required (or --ray-address to profile real GPUs)")
     cluster = load_cluster(args.cluster) if args.cluster is not None else None
     with contextlib.redirect_stdout(sys.stderr):
-        from workers.calibration import default_cache_dir
+        from workers.devices.calibration import default_cache_dir
         from workers.session import connect_ray, profile_cluster, start_local_ray
 
         simulated = args.ray_address is None

@@ -10,7 +10,7 @@
     hetsched serve --db postgresql+psycopg://user@db/hetsched
     hetsched serve --policy fifo            first come, first served (default: goodput)
 
-Flags override the ``HETSCHED_*`` environment variables of :class:`api.settings.Settings`.
+Flags override the ``HETSCHED_*`` environment variables of :class:`api.core.settings.Settings`.
 A Ray cluster with token authentication (``ray start`` turns it on) needs its
 token in ``RAY_AUTH_TOKEN`` (or a file named by ``RAY_AUTH_TOKEN_PATH``, or
 ``~/.ray/auth_token``); without it, or with a wrong one, ``serve`` stops at
@@ -26,9 +26,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from scheduler.cluster import load_cluster
 from scheduler.errors import HetschedError
-from scheduler.policy_types import POLICIES
+from scheduler.hardware.cluster import load_cluster
+from scheduler.policy.types import POLICIES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
 def settings_from_args(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from api.settings import Settings
+    from api.core.settings import Settings
 
     overrides = {
         "cluster": args.cluster,

@@ -32,14 +32,14 @@ from typing import Any
 
 from api.commands.plan import format_table
 from api.services import check_simulated_fit
-from scheduler.cluster import Cluster, load_cluster
+from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
-from scheduler.faults import parse_fault
-from scheduler.hf_config import resolve_model
-from scheduler.models import PRESETS, ModelPreset, check_trainable
-from scheduler.plan import DP_STRATEGIES
-from scheduler.planner import STRATEGIES
-from scheduler.profile import Profile
+from scheduler.hardware.cluster import Cluster, load_cluster
+from scheduler.hardware.faults import parse_fault
+from scheduler.models.hf_config import resolve_model
+from scheduler.models.presets import PRESETS, ModelPreset, check_trainable
+from scheduler.planning.plan import DP_STRATEGIES
+from scheduler.planning.planner import STRATEGIES
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
 DEFAULT_STRATEGIES = "auto,even"
@@ -217,13 +217,13 @@ def simulate(
 
     The cluster's ``simulation.faults`` are injected into every run; each run
     checkpoints into a temporary directory, so it survives crashes and lost
-    devices and, with ``replan``, follows speed changes (:mod:`workers.job`).
+    devices and, with ``replan``, follows speed changes (:mod:`workers.run.job`).
     ``init_from``: a Hugging Face directory every run starts from.
     """
-    from scheduler.faults import FaultSchedule
-    from scheduler.planner import make_plan
-    from workers.calibration import default_cache_dir
-    from workers.hf import load_hf_directory
+    from scheduler.hardware.faults import FaultSchedule
+    from scheduler.planning.planner import make_plan
+    from workers.devices.calibration import default_cache_dir
+    from workers.models.hf import load_hf_directory
     from workers.session import (
         Checkpointing,
         LiveReplanning,

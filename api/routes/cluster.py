@@ -5,15 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from api.deps import Auth, StateDep
-from api.schemas import (
-    ClusterPublic,
-    DeviceFailure,
-    DeviceSlowdown,
-    ErrorPublic,
-    Message,
-    ProfileCreate,
-    ProfilePublic,
-)
+from api.schemas.cluster import ClusterPublic, DeviceFailure, DeviceSlowdown
+from api.schemas.profiles import ProfileCreate, ProfilePublic
+from api.schemas.service import ErrorPublic, Message
 from api.services import check_devices, model_from_ref
 from api.views import cluster_public, profile_public
 

@@ -29,10 +29,10 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel
 
 from api.deps import Auth, StateDep
-from api.schemas import ErrorPublic
+from api.schemas.service import ErrorPublic
 from api.services import list_datasets
 from scheduler.errors import HetschedError
-from workers.datafile import (
+from workers.data.datafile import (
     DEFAULT_CORPUS,
     check_token_ids,
     describe_file,

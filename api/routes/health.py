@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import StateDep
-from api.schemas import Health
+from api.schemas.service import Health
 
 router = APIRouter(tags=["health"])
 

@@ -7,22 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
+from api.core.settings import API_PREFIX
 from api.deps import Auth, JobDep, StateDep, StoreDep
-from api.scheduling import check_device_counts
-from api.schemas import (
+from api.execution.scheduling import check_device_counts
+from api.schemas.jobs import (
     CheckpointPublic,
     CheckpointsPublic,
     DeviceStepPublic,
-    ErrorPublic,
     JobCreate,
     JobLogsPublic,
     JobMetricsPublic,
     JobPublic,
     JobsPublic,
     LogLine,
-    Message,
     StepPublic,
 )
+from api.schemas.service import ErrorPublic, Message
 from api.services import (
     check_devices,
     check_simulated_fit,
@@ -30,10 +30,9 @@ from api.services import (
     resolve_dataset,
     stream_checkpoint,
 )
-from api.settings import API_PREFIX
 from api.states import JobState
 from api.views import job_public
-from scheduler.models import check_trainable
+from scheduler.models.presets import check_trainable
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

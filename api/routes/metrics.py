@@ -23,8 +23,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.deps import AppState
-from api.job_runner import LiveJob
-from scheduler.capacity import usable_capacity_bytes
+from api.execution.job_runner import LiveJob
+from scheduler.hardware.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])
 DEVICE_LABELS = ["device", "node", "type"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import StateDep
-from api.schemas import Options, allowed_strategies
+from api.schemas.fields import allowed_strategies
+from api.schemas.service import Options
 from api.services import list_datasets
-from scheduler.models import PRESETS
+from scheduler.models.presets import PRESETS
 
 router = APIRouter(prefix="/options", tags=["options"])
 

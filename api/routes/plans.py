@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import Auth, StateDep
-from api.schemas import ErrorPublic, PlanCreate, PlanPreview
+from api.schemas.plans import PlanCreate, PlanPreview
+from api.schemas.service import ErrorPublic
 from api.services import check_devices, dry_run, model_from_ref
 from api.views import plan_public
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import StoreDep
-from api.schemas import ProfilesPublic
+from api.schemas.profiles import ProfilesPublic
 from api.views import profile_public
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import StateDep
-from api.scheduling import ScheduledJob
-from api.schemas import ScheduledJobPublic, SchedulePublic
+from api.execution.scheduling import ScheduledJob
+from api.schemas.schedule import ScheduledJobPublic, SchedulePublic
 
 router = APIRouter(prefix="/schedule", tags=["schedule"])
 

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
+from api.core.settings import Settings
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:

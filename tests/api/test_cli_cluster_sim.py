@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from scheduler.trace import load_trace
+from scheduler.clustersim.trace import load_trace
 
 CLUSTER = """
 name: tiny-mix

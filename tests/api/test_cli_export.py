@@ -11,14 +11,14 @@ import torch
 
 from api.cli import main
 from api.commands.prepare_data import train_tokenizer
-from api.db import make_engine
-from api.schemas import JobCreate
+from api.core.db import make_engine
+from api.schemas.jobs import JobCreate
 from api.store import JobStore
-from scheduler.hf_config import hf_config_from_preset
-from scheduler.models import get_preset, preset_to_dict
+from scheduler.models.hf_config import hf_config_from_preset
+from scheduler.models.presets import get_preset, preset_to_dict
 from tests.api.conftest import make_settings
 from tests.workers.conftest import make_cluster, manual_plan
-from workers.models import build_model
+from workers.models.families import build_model
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

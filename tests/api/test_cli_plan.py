@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from scheduler.catalogue import CATALOGUE
-from scheduler.cluster import load_cluster
-from scheduler.models import get_preset
-from scheduler.planner import STRATEGIES, make_plan
-from scheduler.profile import analytic_profile, save_profile
+from scheduler.cost.profile import analytic_profile, save_profile
+from scheduler.hardware.catalogue import CATALOGUE
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import STRATEGIES, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED_LAB = ROOT / "deploy" / "clusters" / "mixed-lab.yaml"

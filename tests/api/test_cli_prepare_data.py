@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from api.cli import main
-from scheduler.models import get_preset
-from workers.data import DEFAULT_CORPUS, open_dataset
-from workers.datafile import inspect_dataset
-from workers.model import lm_loss_sum
-from workers.models import build_model
+from scheduler.models.presets import get_preset
+from workers.data.datafile import inspect_dataset
+from workers.data.dataset import DEFAULT_CORPUS, open_dataset
+from workers.models.families import build_model
+from workers.models.gpt import lm_loss_sum
 
 tokenizers = pytest.importorskip("tokenizers")
 

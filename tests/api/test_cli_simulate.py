@@ -123,6 +123,6 @@ def test_simulate_rejects_an_unknown_strategy_in_one_line(tmp_path: Path) -> Non
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "hetsched: error: --strategies: unknown strategy 'fastest'; allowed: "
-        + ", ".join(__import__("scheduler.planner", fromlist=["STRATEGIES"]).STRATEGIES)
+        + ", ".join(__import__("scheduler.planning.planner", fromlist=["STRATEGIES"]).STRATEGIES)
     ]
     assert out.stdout == ""

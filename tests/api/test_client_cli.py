@@ -14,7 +14,7 @@ import uvicorn
 
 from api.app import create_app
 from api.cli import main
-from api.settings import Settings
+from api.core.settings import Settings
 
 
 def _free_port() -> int:

@@ -23,9 +23,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import DEFAULT_CLUSTER, Settings
-from scheduler.cluster import load_cluster
-from scheduler.models import get_preset
+from api.core.settings import DEFAULT_CLUSTER, Settings
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.presets import get_preset
 
 JOBS = "/api/v1/jobs"
 TERMINAL = {"STOPPED", "SUCCEEDED", "FAILED"}
@@ -254,10 +254,10 @@ def test_a_job_starts_from_a_hugging_face_directory(
     live: Callable[[], TestClient], tmp_path: Path
 ) -> None:
     """init_from hf:DIR: the first step's loss is the released weights' loss on that batch."""
-    from workers.data import ByteDataset
-    from workers.hf import save_hf_directory
-    from workers.model import lm_loss_sum
-    from workers.models import build_model
+    from workers.data.dataset import ByteDataset
+    from workers.models.families import build_model
+    from workers.models.gpt import lm_loss_sum
+    from workers.models.hf import save_hf_directory
 
     preset = get_preset("gpt-tiny")
     released = build_model(preset, seed=11)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from api.schemas import JobCreate, OptimizerSpec
-from api.settings import DEFAULT_CLUSTER
+from api.core.settings import DEFAULT_CLUSTER
+from api.schemas.jobs import JobCreate
+from api.schemas.plans import OptimizerSpec
 from api.store import JobStore
-from scheduler.cluster import load_cluster
-from scheduler.models import get_preset
-from scheduler.plan import Plan
-from scheduler.planner import make_plan
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import make_plan
 
 JOBS = "/api/v1/jobs"
 

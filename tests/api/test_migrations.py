@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
 from api.app import create_app
-from api.db import Base, make_engine
-from api.migrate import BASELINE, current_revision, head_revision, upgrade
+from api.core.db import Base, make_engine
+from api.core.migrate import BASELINE, current_revision, head_revision, upgrade
 from tests.api.conftest import make_settings
 
 PREVIOUS_SCHEMA = """

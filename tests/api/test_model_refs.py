@@ -9,8 +9,8 @@ import pytest
 
 from api.services import model_from_ref
 from scheduler.errors import HetschedError
-from scheduler.hf_config import hf_config_from_preset
-from scheduler.models import get_preset
+from scheduler.models.hf_config import hf_config_from_preset
+from scheduler.models.presets import get_preset
 
 
 def test_a_config_inside_the_data_directory_is_a_model(tmp_path: Path) -> None:

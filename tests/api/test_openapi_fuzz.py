@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, reject, settings
 from schemathesis.checks import CHECKS, load_all_checks
 
 from api.app import build_state, create_app
-from api.settings import Settings
+from api.core.settings import Settings
 
 TOKEN = "fuzz-token"
 load_all_checks()

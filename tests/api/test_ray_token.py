@@ -30,7 +30,7 @@ import httpx
 import psutil
 import pytest
 
-from api.local_ray import terminate
+from api.core.local_ray import terminate
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0

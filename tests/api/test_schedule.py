@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.cli import build_parser
 from api.commands.serve import settings_from_args
-from api.settings import Settings
+from api.core.settings import Settings
 from scheduler.errors import HetschedError
 from tests.api import test_job_lifecycle as lifecycle
 from tests.api.test_job_lifecycle import JOBS, TERMINAL, wait_for

@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from api.local_ray import LocalRaySession, RayProcess
+from api.core.local_ray import LocalRaySession, RayProcess
 
 STARTUP_S = 180.0
 EXIT_S = 60.0

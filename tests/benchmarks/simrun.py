@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler.cluster import load_cluster
-from scheduler.faults import FaultSchedule, parse_fault
-from scheduler.models import get_preset
-from scheduler.plan import Plan
-from scheduler.planner import make_plan
-from scheduler.profile import Profile
+from scheduler.cost.profile import Profile
+from scheduler.hardware.cluster import load_cluster
+from scheduler.hardware.faults import FaultSchedule, parse_fault
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import make_plan
 from workers.session import (
     Checkpointing,
     LiveReplanning,

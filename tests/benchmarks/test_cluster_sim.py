@@ -30,12 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cluster import Cluster, load_cluster, parse_cluster
-from scheduler.clustersim import SimResult, simulate
-from scheduler.policy import decide
-from scheduler.policy_rates import PlannedRates
-from scheduler.policy_types import POLICIES, Allocation, JobDemand
-from scheduler.trace import generate_trace
+from scheduler.clustersim.simulator import SimResult, simulate
+from scheduler.clustersim.trace import generate_trace
+from scheduler.hardware.cluster import Cluster, load_cluster, parse_cluster
+from scheduler.policy.decide import decide
+from scheduler.policy.rates import PlannedRates
+from scheduler.policy.types import POLICIES, Allocation, JobDemand
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_JOBS = 200

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from tests.workers.conftest import TINY
-from workers.calibration import HostCalibration
-from workers.data import ByteDataset
-from workers.devices import SimulatedDevice
-from workers.model import GPT, lm_loss_sum
-from workers.pacing import Pacing
+from workers.data.dataset import ByteDataset
+from workers.devices.calibration import HostCalibration
+from workers.devices.device import SimulatedDevice
+from workers.devices.pacing import Pacing
+from workers.models.gpt import GPT, lm_loss_sum
 
 pytestmark = pytest.mark.benchmark
 

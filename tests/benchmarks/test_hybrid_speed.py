@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from scheduler.cluster import parse_cluster
-from scheduler.models import get_preset
-from scheduler.planner import make_plan
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import make_plan
 
 TARGET_S = 5.0
 RUNS = 3

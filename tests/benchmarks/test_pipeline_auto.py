@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from scheduler.cluster import parse_cluster
-from scheduler.models import get_preset
-from scheduler.planner import make_plan
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import make_plan
 
 TINY = get_preset("gpt-tiny")
 GLOBAL_BATCH = 32

@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from scheduler.catalogue import known_types
-from scheduler.cluster import parse_cluster
-from scheduler.models import get_preset
-from scheduler.planner import make_plan
-from scheduler.profile import Profile, analytic_profile
+from scheduler.cost.profile import Profile, analytic_profile
+from scheduler.hardware.catalogue import known_types
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import make_plan
 
 SIZES = [8, 64, 512, 4_096, 16_384]
 TARGET_S = {4_096: 0.1, 16_384: 1.0}

@@ -5,7 +5,7 @@ batch 64, the ``dp`` plan), on warm workers (the service's case: its pool is
 warmed when it starts). Side by side in one run:
 
 - checkpoint overhead: 60 steps with a checkpoint at the service's default
-  interval (:func:`api.job_runner.checkpoint_every`: a tenth of the job, here
+  interval (:func:`api.execution.job_runner.checkpoint_every`: a tenth of the job, here
   every 6 steps): the seconds spent writing checkpoints as a share of the
   run's wall time, and the run's wall time against the same 60 steps
   without checkpoints;
@@ -22,10 +22,10 @@ import time
 
 import pytest
 
-from api.job_runner import checkpoint_every
-from scheduler.planner import make_plan
+from api.execution.job_runner import checkpoint_every
+from scheduler.planning.planner import make_plan
 from tests.benchmarks.simrun import CLUSTER, MODEL, durable_run
-from workers import driver
+from workers.run import driver
 from workers.session import profile_cluster
 
 BATCH, STEPS, FAULT_STEPS = 64, 60, 30

@@ -1,9 +1,10 @@
 """Benchmark: how reliably the speed monitor reports slow-downs, and how rarely noise.
 
-Drives :class:`scheduler.speed.SpeedMonitor` and :func:`scheduler.replan.decide_replan`
+Drives :class:`~scheduler.replan.speed.SpeedMonitor` and
+:func:`~scheduler.replan.decision.decide_replan`
 with the simulated driver of ``tests/scheduler/test_replan.py`` (measured busy
 time = prediction under the true speed × 1.08 × noise) over many seeds, and
-prints the figures the module docstring of ``scheduler/speed.py`` quotes:
+prints the figures the module docstring of ``scheduler/replan/speed.py`` quotes:
 
 - steady clusters, 100 steps: runs with any report (target 0);
 - fastest device slowed 3× at step 10 and restored at 35: reports per run,
@@ -22,9 +23,9 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler.planner import make_plan
-from scheduler.profile import Profile
-from scheduler.replan import live_profile, predict_step_s
+from scheduler.cost.profile import Profile
+from scheduler.planning.planner import make_plan
+from scheduler.replan.decision import live_profile, predict_step_s
 from tests.scheduler.test_replan import (
     GLOBAL_BATCH,
     big_mixed,

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.livecost import live_profile
-from scheduler.planner import make_plan
-from scheduler.profile import Profile
+from scheduler.cost.profile import Profile
+from scheduler.planning.planner import make_plan
+from scheduler.replan.livecost import live_profile
 from tests.benchmarks.simrun import CLUSTER, MODEL, durable_run
 from workers.session import profile_cluster
 

@@ -211,7 +211,7 @@ def test_compose_has_a_ray_head_two_gpu_workers_and_the_control_plane() -> None:
 def test_raycluster_has_one_worker_group_per_gpu_type() -> None:
     import ray
 
-    from scheduler.catalogue import lookup
+    from scheduler.hardware.catalogue import lookup
 
     cluster = one("RayCluster")
     assert cluster["apiVersion"] == "ray.io/v1"

@@ -1,4 +1,4 @@
-"""Activation memory per attention kernel and recomputation mode (scheduler/activations.py).
+"""Activation memory per attention kernel and recomputation mode (scheduler/models/activations.py).
 
 Each figure is checked against the term-by-term count of Korthikanti et al.
 (2022), §4.1, written out again here, so a reader can compare with the paper.
@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.errors import HetschedError
-from scheduler.models import get_preset
+from scheduler.models.presets import get_preset
 
 
 def test_the_math_kernel_is_eq_1_and_the_fused_kernels_keep_a_log_sum_exp() -> None:

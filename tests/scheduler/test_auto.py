@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.auto import PREFERENCE_MARGIN
-from scheduler.cluster import parse_cluster
+from scheduler.cost.profile import analytic_profile
 from scheduler.errors import PlanError
-from scheduler.models import get_preset
-from scheduler.planner import STRATEGIES, make_plan
-from scheduler.profile import analytic_profile
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.auto import PREFERENCE_MARGIN
+from scheduler.planning.planner import STRATEGIES, make_plan
 
 MIXED = {
     "name": "mixed",

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.catalogue import CATALOGUE, GIB, known_types, lookup
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, ModelPreset, get_preset
+from scheduler.hardware.catalogue import CATALOGUE, GIB, known_types, lookup
+from scheduler.models.presets import PRESETS, ModelPreset, get_preset
 
 REQUIRED_GPUS = [
     "H200-141GB",

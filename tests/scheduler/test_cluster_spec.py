@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.catalogue import GIB
-from scheduler.cluster import cluster_to_dict, load_cluster, parse_cluster
 from scheduler.errors import SpecError
+from scheduler.hardware.catalogue import GIB
+from scheduler.hardware.cluster import cluster_to_dict, load_cluster, parse_cluster
 
 DESIGN_EXAMPLE = """
 name: mixed-lab
@@ -238,7 +238,7 @@ def test_simulation_lists_faults_among_its_keys() -> None:
 
 
 def test_a_node_may_name_the_ray_node_its_devices_run_on() -> None:
-    from scheduler.cluster import with_ray_nodes
+    from scheduler.hardware.cluster import with_ray_nodes
 
     data = spec()
     data["nodes"][0]["ray_node"] = "10.0.0.7"

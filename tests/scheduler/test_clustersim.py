@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.cluster import Cluster, parse_cluster
-from scheduler.clustersim import SimResult, SimSettings, SimulationError, simulate
-from scheduler.policy_rates import PlannedRates
-from scheduler.policy_types import POLICIES, PolicyName
-from scheduler.trace import TraceJob, generate_trace
+from scheduler.clustersim.simulator import SimResult, SimSettings, SimulationError, simulate
+from scheduler.clustersim.trace import TraceJob, generate_trace
+from scheduler.hardware.cluster import Cluster, parse_cluster
+from scheduler.policy.rates import PlannedRates
+from scheduler.policy.types import POLICIES, PolicyName
 
 
 def small_mixed() -> Cluster:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cluster import load_cluster
-from scheduler.models import get_preset
-from scheduler.planner import make_plan
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import load_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import make_plan
 
 CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"
 SPECS = sorted(CLUSTERS.glob("*.yaml"))

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.cluster import cluster_to_dict, parse_cluster, with_faults
 from scheduler.errors import SpecError
-from scheduler.faults import Fault, FaultSchedule, parse_fault
+from scheduler.hardware.cluster import cluster_to_dict, parse_cluster, with_faults
+from scheduler.hardware.faults import Fault, FaultSchedule, parse_fault
 
 IDS = ["node-a/0", "node-a/1", "node-b/0", "node-b/1"]
 

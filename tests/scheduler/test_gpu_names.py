@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.errors import SpecError
-from scheduler.gpu_names import catalogue_key, parse_nvidia_smi
+from scheduler.hardware.gpu_names import catalogue_key, parse_nvidia_smi
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from scheduler.errors import HetschedError
-from scheduler.hf_config import (
+from scheduler.models.hf_config import (
     hf_config_from_preset,
     load_hf_config,
     preset_from_hf_config,
     resolve_model,
 )
-from scheduler.models import PRESETS, get_preset
+from scheduler.models.presets import PRESETS, get_preset
 
 # The published configs of gpt2 and Llama-2-7b, trimmed to the fields that matter.
 GPT2 = {

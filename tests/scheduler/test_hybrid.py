@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.cluster import parse_cluster
-from scheduler.hybrid import allocate
-from scheduler.models import get_preset
-from scheduler.planner import make_plan
-from scheduler.profile import DeviceProfile, analytic_profile
-from scheduler.stages import Chain, Stage
+from scheduler.cost.profile import DeviceProfile, analytic_profile
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.hybrid import allocate
+from scheduler.planning.planner import make_plan
+from scheduler.planning.stages import Chain, Stage
 
 
 def _cluster(num_nodes: int, per_node: int = 4) -> dict:

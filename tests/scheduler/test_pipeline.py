@@ -10,12 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.cluster import parse_cluster
-from scheduler.errors import PlanError
-from scheduler.models import get_preset
-from scheduler.pipeline import plan_pp
-from scheduler.planner import make_plan
-from scheduler.profile import (
+from scheduler.cost.profile import (
     DeviceProfile,
     LayerCost,
     LayerProfile,
@@ -23,7 +18,12 @@ from scheduler.profile import (
     RecomputeCost,
     analytic_profile,
 )
-from scheduler.stages import (
+from scheduler.errors import PlanError
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.pipeline import plan_pp
+from scheduler.planning.planner import make_plan
+from scheduler.planning.stages import (
     exchange_s,
     in_flight_1f1b,
     partition,
@@ -217,7 +217,7 @@ def test_pp_says_why_nothing_fits():
 
 
 def test_plan_json_round_trip_keeps_layers_and_stage():
-    from scheduler.plan import plan_from_dict
+    from scheduler.planning.plan import plan_from_dict
 
     profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"))
     plan = make_plan(profile, 16, "pp")

@@ -15,14 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.capacity import catalogue_budget_bytes
-from scheduler.catalogue import lookup
-from scheduler.cluster import Links, parse_cluster
-from scheduler.costmodel import ring_allreduce_s, slowest_link_gbps
+from scheduler.cost.costmodel import ring_allreduce_s, slowest_link_gbps
+from scheduler.cost.profile import DeviceProfile, Profile, analytic_profile
 from scheduler.errors import PlanError
-from scheduler.models import get_preset
-from scheduler.plan import Plan, plan_from_dict
-from scheduler.planner import (
+from scheduler.hardware.capacity import catalogue_budget_bytes
+from scheduler.hardware.catalogue import lookup
+from scheduler.hardware.cluster import Links, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import Plan, plan_from_dict
+from scheduler.planning.planner import (
     STRATEGIES,
     make_plan,
     optimal_split,
@@ -31,7 +32,6 @@ from scheduler.planner import (
     plan_proportional,
     proportional_split,
 )
-from scheduler.profile import DeviceProfile, Profile, analytic_profile
 from scheduler.units import format_bytes
 
 ALL_STRATEGIES = ("dp", "even", "proportional")

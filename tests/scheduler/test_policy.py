@@ -6,14 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.cluster import Cluster, parse_cluster
-from scheduler.models import get_preset
-from scheduler.planner import plan_dp
-from scheduler.policy import decide
-from scheduler.policy_configs import ClusterClasses
-from scheduler.policy_rates import PlannedRates
-from scheduler.policy_types import POLICIES, JobDemand, PolicyError
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import Cluster, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import plan_dp
+from scheduler.policy.configs import ClusterClasses
+from scheduler.policy.decide import decide
+from scheduler.policy.rates import PlannedRates
+from scheduler.policy.types import POLICIES, JobDemand, PolicyError
 
 MODELS = ["gpt2-small", "gpt2-medium", "gpt2-xl"]
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from scheduler.capacity import catalogue_budget_bytes
-from scheduler.catalogue import GIB, lookup
-from scheduler.cluster import parse_cluster
-from scheduler.errors import ProfileError
-from scheduler.models import get_preset
-from scheduler.profile import (
+from scheduler.cost.profile import (
     analytic_profile,
     load_profile,
     profile_from_dict,
     save_profile,
 )
+from scheduler.errors import ProfileError
+from scheduler.hardware.capacity import catalogue_budget_bytes
+from scheduler.hardware.catalogue import GIB, lookup
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
 
 CLUSTER = parse_cluster(
     {

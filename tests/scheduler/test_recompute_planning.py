@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.cluster import Links, load_cluster, parse_cluster
+from scheduler.cost.profile import DeviceProfile, Profile, RecomputeCost, analytic_profile
 from scheduler.errors import PlanError
-from scheduler.models import get_preset
-from scheduler.pipeline import plan_pp
-from scheduler.planner import make_plan, optimal_split, plan_dp
-from scheduler.profile import DeviceProfile, Profile, RecomputeCost, analytic_profile
+from scheduler.hardware.cluster import Links, load_cluster, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.pipeline import plan_pp
+from scheduler.planning.planner import make_plan, optimal_split, plan_dp
 
 MB = 10**6
 CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"
@@ -194,7 +194,7 @@ def test_llama_13b_plans_on_a_bundled_cluster_that_found_no_strategy() -> None:
 
 
 def test_plan_json_round_trips_recompute_and_old_documents_mean_none() -> None:
-    from scheduler.plan import plan_from_dict
+    from scheduler.planning.plan import plan_from_dict
 
     plan = plan_dp(profile_of(device("a/0", capacity_mb=5000), device("b/0", capacity_mb=1300)), 8)
     document = plan.to_dict()

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.cluster import load_cluster, parse_cluster
-from scheduler.faults import FaultSchedule, parse_fault
-from scheduler.models import get_preset
-from scheduler.plan import Plan
-from scheduler.planner import make_plan
-from scheduler.profile import Profile, analytic_profile
-from scheduler.replan import (
+from scheduler.cost.profile import Profile, analytic_profile
+from scheduler.hardware.cluster import load_cluster, parse_cluster
+from scheduler.hardware.faults import FaultSchedule, parse_fault
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import make_plan
+from scheduler.replan.decision import (
     ReplanDecision,
     ReplanSettings,
     SpeedChange,

@@ -1,4 +1,4 @@
-"""Analytic speeds against published measurements (scheduler/roofline.py).
+"""Analytic speeds against published measurements (scheduler/cost/roofline.py).
 
 Relative speeds are what the planner's splits depend on, so they are checked
 against published ratios on the workload they were measured on: a
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.catalogue import CATALOGUE, lookup
-from scheduler.cluster import parse_cluster
-from scheduler.models import ModelPreset
-from scheduler.profile import analytic_profile
-from scheduler.roofline import Rates, block_time
+from scheduler.cost.profile import analytic_profile
+from scheduler.cost.roofline import Rates, block_time
+from scheduler.hardware.catalogue import CATALOGUE, lookup
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import ModelPreset
 
 GPT_2_7B = ModelPreset(
     name="gpt-neo-2.7b",

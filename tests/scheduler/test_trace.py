@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cluster import load_cluster
-from scheduler.clustersim import check_runnable
-from scheduler.policy_rates import PlannedRates
-from scheduler.trace import (
+from scheduler.clustersim.simulator import check_runnable
+from scheduler.clustersim.trace import (
     TraceError,
     TraceJob,
     generate_trace,
@@ -17,6 +15,8 @@ from scheduler.trace import (
     parse_trace,
     trace_to_csv,
 )
+from scheduler.hardware.cluster import load_cluster
+from scheduler.policy.rates import PlannedRates
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "name,arrival_s,model,global_batch,steps"

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import ray
 
-from scheduler.cluster import Cluster, parse_cluster
-from scheduler.models import get_preset
-from scheduler.plan import DevicePlan, Plan
+from scheduler.hardware.cluster import Cluster, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import DevicePlan, Plan
 
 TINY = get_preset("gpt-tiny")
 

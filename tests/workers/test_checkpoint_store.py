@@ -8,7 +8,7 @@ import torch
 from tests.workers.conftest import TINY
 from workers.checkpoint import CheckpointStore, load_part, part_tensors, write_part
 from workers.errors import WorkerError
-from workers.model import GPT
+from workers.models.gpt import GPT
 
 PART = "part-0000.safetensors"
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scheduler.capacity import gpu_budget_bytes
+from scheduler.hardware.capacity import gpu_budget_bytes
 from tests.workers.conftest import TINY
-from workers.data import ByteDataset
-from workers.devices import CudaDevice
+from workers.data.dataset import ByteDataset
+from workers.devices.device import CudaDevice
 from workers.errors import DeviceOutOfMemory
-from workers.model import GPT, lm_loss_sum
+from workers.models.gpt import GPT, lm_loss_sum
 from workers.records import OptimizerConfig
-from workers.worker import DeviceWorker
+from workers.runtime.worker import DeviceWorker
 
 pytestmark = [
     pytest.mark.gpu,
@@ -65,7 +65,7 @@ def test_cuda_budget_is_free_memory_less_nccl_reserve_and_fragmentation_margin()
 
 def test_a_one_rank_dp_and_pp_run_on_nccl() -> None:
     """The NCCL path end to end in this process: join, step, leave (one rank, world of one)."""
-    from workers.spec import RankSpec, RunSpec
+    from workers.runtime.spec import RankSpec, RunSpec
 
     worker = DeviceWorker("gpu/0", simulated=False)
     run = RunSpec(

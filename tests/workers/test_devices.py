@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.workers.conftest import TINY
-from workers.calibration import HostCalibration
-from workers.data import ByteDataset
-from workers.devices import SimulatedDevice, model_state_bytes
+from workers.data.dataset import ByteDataset
+from workers.devices.calibration import HostCalibration
+from workers.devices.device import SimulatedDevice, model_state_bytes
+from workers.devices.pacing import Pacing
 from workers.errors import DeviceOutOfMemory
-from workers.model import GPT, lm_loss_sum
-from workers.pacing import Pacing
+from workers.models.gpt import GPT, lm_loss_sum
 
 HOST = HostCalibration(fixed_s=0.01, per_sample_s=0.02)
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from scheduler.errors import HetschedError
-from scheduler.models import ModelPreset, get_preset, preset_to_dict
-from workers.hf import from_hf_state_dict, load_hf_directory, save_hf_directory
-from workers.models import build_model
+from scheduler.models.presets import ModelPreset, get_preset, preset_to_dict
+from workers.models.families import build_model
+from workers.models.hf import from_hf_state_dict, load_hf_directory, save_hf_directory
 
 transformers = pytest.importorskip("transformers")
 

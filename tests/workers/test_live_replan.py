@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.faults import FaultSchedule, parse_fault
-from scheduler.planner import make_plan
+from scheduler.hardware.faults import FaultSchedule, parse_fault
+from scheduler.planning.planner import make_plan
 from tests.workers.conftest import TINY, make_cluster
 from workers.session import LiveReplanning, WorkerPool, profile_cluster, train
 

@@ -9,11 +9,17 @@ import pytest
 import torch
 
 from scheduler.errors import HetschedError
-from scheduler.models import PRESETS, get_preset
-from workers.data import ByteDataset
-from workers.llama import Llama
-from workers.model import GPT, lm_loss_sum
-from workers.models import build_model, model_pieces, piece_of_param, stage_pieces, tied_pieces
+from scheduler.models.presets import PRESETS, get_preset
+from workers.data.dataset import ByteDataset
+from workers.models.families import (
+    build_model,
+    model_pieces,
+    piece_of_param,
+    stage_pieces,
+    tied_pieces,
+)
+from workers.models.gpt import GPT, lm_loss_sum
+from workers.models.llama import Llama
 
 LLAMA = get_preset("llama-tiny")
 

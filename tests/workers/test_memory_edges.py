@@ -10,17 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler.plan import DevicePlan
-from scheduler.planner import make_plan
-from scheduler.profile import profile_from_dict
+from scheduler.cost.profile import profile_from_dict
+from scheduler.planning.plan import DevicePlan
+from scheduler.planning.planner import make_plan
 from tests.workers.conftest import TINY
-from workers.calibration import HostCalibration
-from workers.distributed import leave_group
-from workers.measure import HOST_CHECK_BYTES
-from workers.pacing import Pacing
+from workers.devices.calibration import HostCalibration
+from workers.devices.pacing import Pacing
 from workers.records import OptimizerConfig
-from workers.spec import RankSpec, RunSpec
-from workers.worker import DeviceWorker
+from workers.runtime.distributed import leave_group
+from workers.runtime.measure import HOST_CHECK_BYTES
+from workers.runtime.spec import RankSpec, RunSpec
+from workers.runtime.worker import DeviceWorker
 
 FAST = Pacing(margin=1.0, speed_ratio=1.0, host=HostCalibration(fixed_s=0.0, per_sample_s=1e-6))
 

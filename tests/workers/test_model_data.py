@@ -7,8 +7,8 @@ import torch
 
 from scheduler.errors import HetschedError
 from tests.workers.conftest import TINY
-from workers.data import DEFAULT_CORPUS, ByteDataset
-from workers.model import GPT, lm_loss_sum
+from workers.data.dataset import DEFAULT_CORPUS, ByteDataset
+from workers.models.gpt import GPT, lm_loss_sum
 
 
 def test_default_corpus_is_real_english_prose_shipped_with_the_package() -> None:

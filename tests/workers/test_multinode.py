@@ -3,7 +3,7 @@
 ``ray.cluster_utils.Cluster`` runs a head and two worker nodes on this machine,
 each worker node started with a custom resource named after a spec node
 (``ray start --resources='{"node-a": 1}'`` on a real cluster), so the spec's
-devices run on the Ray nodes they name (``workers.placement``). Checkpoints
+devices run on the Ray nodes they name (``workers.cluster.placement``). Checkpoints
 go to one directory every node reads and writes (on one machine it stands for
 a shared volume). Then a Ray node is removed mid-job: its device is lost, the
 job re-plans on the rest and ends as an uninterrupted run would.
@@ -25,12 +25,12 @@ import ray
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster as RayCluster
 
-from scheduler.cluster import parse_cluster, with_ray_nodes
-from scheduler.plan import Plan
-from scheduler.planner import make_plan
-from scheduler.profile import analytic_profile
+from scheduler.cost.profile import analytic_profile
+from scheduler.hardware.cluster import parse_cluster, with_ray_nodes
+from scheduler.planning.plan import Plan
+from scheduler.planning.planner import make_plan
 from tests.workers.conftest import TINY, manual_plan
-from workers.placement import check_placement, live_nodes
+from workers.cluster.placement import check_placement, live_nodes
 from workers.session import Checkpointing, CheckpointStore, OptimizerConfig, WorkerPool, train
 
 pytestmark = pytest.mark.slow

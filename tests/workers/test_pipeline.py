@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scheduler.plan import DevicePlan, Plan
+from scheduler.planning.plan import DevicePlan, Plan
 from tests.workers.conftest import TINY, make_cluster
-from workers.data import ByteDataset
-from workers.model import GPT, lm_loss_sum
+from workers.data.dataset import ByteDataset
+from workers.models.gpt import GPT, lm_loss_sum
+from workers.runtime.stages import ordered_stages, sync_groups
 from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
-from workers.stages import ordered_stages, sync_groups
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -180,7 +180,7 @@ def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
     """The 40 GB device cannot hold gpt-tiny's states and activations under this memory
     scale: dp without recomputation leaves it idle; the pipeline planner gives it a stage
     and the run stays within its memory."""
-    from scheduler.planner import make_plan
+    from scheduler.planning.planner import make_plan
     from workers.session import profile_cluster
 
     cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)

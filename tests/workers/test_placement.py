@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.cluster import parse_cluster, with_ray_nodes
+from scheduler.hardware.cluster import parse_cluster, with_ray_nodes
+from workers.cluster.placement import RayNode, check_placement, raylet_answers, resolve
 from workers.errors import WorkerError
-from workers.placement import RayNode, check_placement, raylet_answers, resolve
 
 HEAD = RayNode(node_id="aa" * 28, address="10.0.0.5", name="10.0.0.5", resources=frozenset({"CPU"}))
 B = RayNode(

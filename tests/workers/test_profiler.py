@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.workers.conftest import TINY, make_cluster
-from workers.calibration import calibrate_host
-from workers.devices import model_state_bytes
-from workers.model import GPT
+from workers.devices.calibration import calibrate_host
+from workers.devices.device import model_state_bytes
+from workers.models.gpt import GPT
 from workers.session import WorkerPool, profile_cluster
 
 pytestmark = pytest.mark.usefixtures("local_ray")

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from tests.workers.conftest import TINY, make_cluster, manual_plan
-from workers.devices import model_state_bytes
-from workers.model import GPT
+from workers.devices.device import model_state_bytes
+from workers.models.gpt import GPT
 from workers.session import OptimizerConfig, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.plan import DevicePlan, Plan
+from scheduler.planning.plan import DevicePlan, Plan
 from tests.workers.conftest import TINY, make_cluster, manual_plan
 from workers.session import (
     Checkpointing,

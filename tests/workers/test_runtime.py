@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.workers.conftest import TINY, make_cluster, manual_plan
-from workers.data import ByteDataset
-from workers.model import GPT, lm_loss_sum
+from workers.data.dataset import ByteDataset
+from workers.models.gpt import GPT, lm_loss_sum
 from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from scheduler.errors import HetschedError
-from workers.data import DEFAULT_CORPUS, ByteDataset, TokenFileDataset, open_dataset
-from workers.datafile import inspect_dataset, sidecar_path, write_token_file
+from workers.data.datafile import inspect_dataset, sidecar_path, write_token_file
+from workers.data.dataset import DEFAULT_CORPUS, ByteDataset, TokenFileDataset, open_dataset
 
 SEQ = 32
 

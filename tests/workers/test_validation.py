@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from scheduler.plan import DevicePlan, Plan
+from scheduler.planning.plan import DevicePlan, Plan
 from tests.workers.conftest import TINY, make_cluster, manual_plan
-from workers.data import ByteDataset
-from workers.driver import Validation, default_validation
-from workers.model import GPT, lm_loss_sum
+from workers.data.dataset import ByteDataset
+from workers.models.gpt import GPT, lm_loss_sum
+from workers.run.driver import Validation, default_validation
 from workers.session import OptimizerConfig, StepMetrics, WorkerError, WorkerPool, train
 
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])

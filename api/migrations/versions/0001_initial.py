@@ -2,7 +2,7 @@
 
 Exactly the tables ``Base.metadata.create_all`` made until then, so a
 database created by an older hetsched is stamped with this revision and
-upgraded from it (api/migrate.py).
+upgraded from it (api/core/migrate.py).
 
 Revision ID: 0001
 Revises:

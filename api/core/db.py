@@ -1,0 +1,151 @@
+"""Database tables and engine (SQLAlchemy 2).
+
+SQLite in the data directory by default; any SQLAlchemy URL (PostgreSQL,
+MySQL) works unchanged because only portable column types are used and JSON
+documents are stored as text. SQLite runs in WAL mode so the dashboard's
+readers never wait for the executor's per-step writes.
+
+Tables: ``jobs`` (one row per job: spec, state, plan, running aggregates),
+``job_steps`` (per-step metrics, the validation loss where evaluated),
+``job_logs`` (what the executor did) and ``profiles`` (the profiles measured
+so far). The stored plan and last step are what a later resume of a job
+interrupted by a restart needs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from api.core.migrate import upgrade
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, index=True)
+    """Submission order (the queue order)."""
+    name: Mapped[str] = mapped_column(String(100))
+    model_name: Mapped[str] = mapped_column(String(100))
+    submission_id: Mapped[str | None] = mapped_column(String(128), unique=True, nullable=True)
+    spec_json: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    devices_json: Mapped[str] = mapped_column(Text, default="[]")
+    plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    steps: Mapped[int] = mapped_column(Integer)
+    global_batch: Mapped[int] = mapped_column(Integer)
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    last_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_step_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    measured_step_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class StepRow(Base):
+    __tablename__ = "job_steps"
+
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    loss: Mapped[float] = mapped_column(Float)
+    step_s: Mapped[float] = mapped_column(Float)
+    samples_per_s: Mapped[float] = mapped_column(Float)
+    devices_json: Mapped[str] = mapped_column(Text)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Validation loss after the step; NULL on steps without an evaluation."""
+
+
+class LogRow(Base):
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    level: Mapped[str] = mapped_column(String(8))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class ProfileRow(Base):
+    __tablename__ = "profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(400), unique=True)
+    """cluster name + model + device set: one row per distinct measurement."""
+    model: Mapped[str] = mapped_column(String(100))
+    cluster: Mapped[str] = mapped_column(String(200))
+    source: Mapped[str] = mapped_column(String(16))
+    profile_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EventRow(Base):
+    """What changed a running job's plan: a recovery, a re-plan, a restart of the service."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int] = mapped_column(Integer)
+    data_json: Mapped[str] = mapped_column(Text)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uri: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``, its schema migrated to the newest revision (api/core/migrate.py);
+    SQLite gets WAL and foreign keys."""
+    is_sqlite = url.startswith("sqlite")
+    connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
+    if is_sqlite:
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+    upgrade(engine)
+    return engine

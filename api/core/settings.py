@@ -1,0 +1,84 @@
+"""Control-plane settings: one ``BaseSettings``, read from ``HETSCHED_*`` variables.
+
+Built in ``hetsched serve`` (flags override the environment) or by a test,
+and handed to :func:`api.app.create_app`; nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scheduler.policy.types import DEFAULT_POLICY, PolicyName
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CLUSTER = REPO_ROOT / "deploy" / "clusters" / "local-sim.yaml"
+API_PREFIX = "/api/v1"
+"""Where the REST API is mounted."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HETSCHED_", extra="ignore")
+
+    data_dir: Path = Path(".hetsched")
+    """Holds the SQLite database, the profile cache and datasets jobs may name."""
+    db_url: str | None = None
+    """Any SQLAlchemy URL; default ``sqlite:///<data_dir>/hetsched.db``."""
+    cache_dir: Path | None = None
+    """Profile and host-calibration cache; default ``<data_dir>/cache``."""
+    cluster: Path | None = None
+    """Cluster spec to simulate locally; default the bundled local-sim.yaml."""
+    ray_address: str | None = None
+    """Attach to this Ray cluster (real GPUs) instead of starting a local simulation."""
+    start_ray: bool = True
+    """Start local Ray for the simulated cluster. Off: the cluster is reported unavailable."""
+    ray_num_cpus: int = Field(default=2, ge=1)
+    """CPUs the embedded local Ray may use."""
+    executor: bool = True
+    """Run queued jobs. Off: jobs are stored but stay PENDING (API-only tests)."""
+    max_upload_bytes: int = Field(default=1 << 30, ge=1)
+    """Largest dataset file ``POST /api/v1/datasets`` accepts (default 1 GiB)."""
+    api_token: SecretStr | None = None
+    """When set, mutating calls need ``Authorization: Bearer <token>``."""
+    checkpoint_uri: str | None = None
+    """Where jobs' checkpoints go: a directory, or an fsspec URI every Ray node can
+    reach (shared storage on a multi-node cluster); default ``<data_dir>/checkpoints``."""
+    replan: bool = True
+    """Jobs follow a device's speed change by re-planning, unless their spec says no."""
+    policy: PolicyName = DEFAULT_POLICY
+    """Which devices each job holds (:mod:`scheduler.policy.decide`): ``fifo`` (arrival order,
+    a job takes what it asks for, the whole cluster by default), ``fair`` or ``goodput``."""
+    round_s: float = Field(default=30.0, gt=0, le=86400)
+    """Seconds between scheduling rounds besides those on submit, completion and stop."""
+    reallocation_s: float = Field(default=30.0, ge=0, le=86400)
+    """What the policy charges a running job's move (checkpoint, restart, re-plan)."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    @property
+    def database_url(self) -> str:
+        if self.db_url:
+            return self.db_url
+        return f"sqlite:///{(self.data_dir / 'hetsched.db').resolve()}"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.cluster if self.cluster is not None else DEFAULT_CLUSTER
+
+    @property
+    def profile_cache_dir(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
+
+    @property
+    def checkpoint_root(self) -> str:
+        if self.checkpoint_uri:
+            return self.checkpoint_uri.rstrip("/")
+        return str((self.data_dir / "checkpoints").resolve())
+
+    @property
+    def token(self) -> str | None:
+        if self.api_token is None or not self.api_token.get_secret_value():
+            return None
+        return self.api_token.get_secret_value()

@@ -1,0 +1,4 @@
+"""What runs jobs on the service: the executor's scheduling rounds and one job's runner.
+
+May import api.core, api.store, api.services and workers/; never api.routes.
+"""

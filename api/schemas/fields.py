@@ -1,0 +1,123 @@
+"""The checked strings every request shares: names, device ids, datasets, ``init_from``.
+
+Strings that end up in the database are checked to be printable UTF-8, so a
+client cannot store something a later read would choke on. Errors read
+``{"detail": "<field>: <what is allowed>"}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from scheduler.models.presets import PRESETS
+from scheduler.planning import planner
+
+
+def allowed_strategies() -> tuple[str, ...]:
+    """Strategies the scheduler offers, ``auto`` first."""
+    return tuple(planner.STRATEGIES)
+
+
+def _printable(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid UTF-8 text") from None
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _strategy(value: str) -> str:
+    allowed = allowed_strategies()
+    if value not in allowed:
+        raise ValueError(f"must be one of {', '.join(allowed)}")
+    return value
+
+
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+"""What :func:`_printable` allows, for the OpenAPI document (pydantic checks with it)."""
+_printable_schema = Field(json_schema_extra={"pattern": PRINTABLE})
+Text = Annotated[str, _printable_schema, AfterValidator(_printable)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=100), _printable_schema, AfterValidator(_printable)
+]
+DeviceId = Annotated[
+    str, Field(min_length=1, max_length=200), _printable_schema, AfterValidator(_printable)
+]
+
+
+def _device_list(value: list[str]) -> list[str]:
+    if not value:
+        raise ValueError("must list at least one device id, or be omitted for all")
+    if len(set(value)) != len(value):
+        raise ValueError("lists a device twice")
+    return value
+
+
+DeviceIds = Annotated[
+    list[DeviceId],
+    Field(max_length=4096, json_schema_extra={"minItems": 1, "uniqueItems": True}),
+    AfterValidator(_device_list),
+]
+"""Device ids, each once; omit the field (not ``[]``) for the whole cluster."""
+PresetName = Annotated[
+    str,
+    Field(
+        json_schema_extra={"enum": list(PRESETS)},
+        description=f"A model preset: {', '.join(PRESETS)}.",
+    ),
+]
+# A relative path whose segments do not start with '.': never absolute, never '..'.
+_SEGMENT = r"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]*"
+DATASET_PATTERN = rf"^{_SEGMENT}(/{_SEGMENT})*$"
+
+
+def _dataset_name(value: str) -> str:
+    if not re.fullmatch(DATASET_PATTERN, value):
+        raise ValueError(
+            "must be 'default' or a file name inside the server's data directory "
+            "(relative, no segment starting with '.')"
+        )
+    return value
+
+
+DatasetName = Annotated[
+    str,
+    Field(min_length=1, max_length=255, json_schema_extra={"pattern": DATASET_PATTERN}),
+    AfterValidator(_printable),
+    AfterValidator(_dataset_name),
+]
+INIT_FROM_PATTERN = rf"^([0-9a-f]{{1,32}}(@[0-9]{{1,9}})?|hf:{_SEGMENT}(/{_SEGMENT})*)$"
+
+
+def _init_from(value: str) -> str:
+    if not re.fullmatch(INIT_FROM_PATTERN, value):
+        raise ValueError(
+            "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
+            "model directory inside the server's data directory (relative, no segment "
+            "starting with '.')"
+        )
+    return value
+
+
+InitFrom = Annotated[
+    str,
+    Field(min_length=1, max_length=255, json_schema_extra={"pattern": INIT_FROM_PATTERN}),
+    AfterValidator(_printable),
+    AfterValidator(_init_from),
+]
+StrategyName = Annotated[
+    str,
+    Field(json_schema_extra={"enum": list(allowed_strategies())}),
+    AfterValidator(_strategy),
+]
+
+
+class RequestModel(BaseModel):
+    """Request bodies: unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")

@@ -1,0 +1,327 @@
+"""Replay a job trace on a cluster under a scheduling policy, from the cost model alone.
+
+Event-driven, no training: hours of cluster time in seconds of CPU. Events are
+arrivals, completions and a round every ``round_s``; at each one the policy
+(:func:`scheduler.policy.decide.decide`) re-decides every job's devices. Between
+events a job progresses at its allocation's planned rate (samples/s from the
+data-parallel planner, so steps/s = samples/s / global_batch). Changing the
+devices of a job that already made progress (move, grow, shrink, resume after
+preemption) costs ``reallocation_s`` without progress: checkpoint, restart on
+the new devices, restore (DESIGN.md, "A job's life"); a job's first start is
+free.
+
+Reported per policy: each job's arrival, start, end and allocation history,
+and the average, median and 99th-percentile job completion time (JCT, end −
+arrival), the makespan (last end − first arrival), utilisation (device-seconds
+held by jobs over devices × makespan) and the slowest decision.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.clustersim.trace import TraceJob
+from scheduler.errors import HetschedError
+from scheduler.hardware.cluster import Cluster
+from scheduler.policy.configs import ClusterClasses, single_rates
+from scheduler.policy.decide import decide
+from scheduler.policy.rates import PlannedRates, job_rate
+from scheduler.policy.types import JobDemand, PolicyName, PolicySettings
+
+DONE_TOLERANCE = 1e-9
+
+
+class SimulationError(HetschedError):
+    """A trace cannot be replayed on a cluster (a job can never run there)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimSettings:
+    round_s: float = 300.0
+    """Seconds between scheduling rounds (besides arrivals and completions)."""
+    reallocation_s: float = 60.0
+    """Checkpoint + restart time charged when a running job's devices change."""
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+    def __post_init__(self) -> None:
+        if not (self.round_s > 0 and math.isfinite(self.round_s)):
+            raise SimulationError(f"round_s: must be a number > 0, got {self.round_s}")
+        if not (self.reallocation_s >= 0 and math.isfinite(self.reallocation_s)):
+            raise SimulationError(
+                f"reallocation_s: must be a number >= 0, got {self.reallocation_s}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocationRecord:
+    t_s: float
+    """When the allocation was decided."""
+    devices: tuple[str, ...]
+    samples_per_s: float
+    resume_s: float
+    """When progress starts on it (``t_s`` plus any re-allocation delay)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobResult:
+    name: str
+    arrival_s: float
+    start_s: float
+    end_s: float
+    allocations: tuple[AllocationRecord, ...]
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arrival_s": self.arrival_s,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "jct_s": self.jct_s,
+            "allocations": [
+                {
+                    "t_s": a.t_s,
+                    "devices": list(a.devices),
+                    "samples_per_s": a.samples_per_s,
+                    "resume_s": a.resume_s,
+                }
+                for a in self.allocations
+            ],
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimResult:
+    policy: PolicyName
+    jobs: tuple[JobResult, ...]
+    makespan_s: float
+    utilization: float
+    decision_s_max: float
+    num_decisions: int
+    num_reallocations: int
+
+    @property
+    def jcts_s(self) -> list[float]:
+        return [j.jct_s for j in self.jobs]
+
+    @property
+    def avg_jct_s(self) -> float:
+        return statistics.fmean(self.jcts_s)
+
+    @property
+    def p50_jct_s(self) -> float:
+        return percentile(self.jcts_s, 50)
+
+    @property
+    def p99_jct_s(self) -> float:
+        return percentile(self.jcts_s, 99)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "avg_jct_s": self.avg_jct_s,
+            "p50_jct_s": self.p50_jct_s,
+            "p99_jct_s": self.p99_jct_s,
+            "makespan_s": self.makespan_s,
+            "utilization": self.utilization,
+            "decision_s_max": self.decision_s_max,
+            "num_decisions": self.num_decisions,
+            "num_reallocations": self.num_reallocations,
+            "jobs": [j.to_dict() for j in self.jobs],
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method).
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
+    2.5
+    """
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(kw_only=True, slots=True)
+class _Live:
+    """A job's mutable state during one replay."""
+
+    job: TraceJob
+    done_samples: float = 0.0
+    devices: tuple[str, ...] = ()
+    rate: float = 0.0
+    resume_s: float = 0.0
+    start_s: float | None = None
+    waiting_since_s: float = 0.0
+    records: list[AllocationRecord] = field(default_factory=list)
+
+    @property
+    def total_samples(self) -> float:
+        return float(self.job.steps * self.job.global_batch)
+
+    def finish_s(self, now_s: float) -> float:
+        if not self.devices or self.rate <= 0:
+            return math.inf
+        left = max(0.0, self.total_samples - self.done_samples)
+        return max(now_s, self.resume_s) + left / self.rate
+
+    def advance(self, from_s: float, to_s: float) -> None:
+        if self.devices and self.rate > 0:
+            self.done_samples += self.rate * max(0.0, to_s - max(from_s, self.resume_s))
+
+    def demand(self, now_s: float) -> JobDemand:
+        job = self.job
+        return JobDemand(
+            name=job.name,
+            model=job.model,
+            global_batch=job.global_batch,
+            steps_left=max(0.0, self.total_samples - self.done_samples) / job.global_batch,
+            priority=job.priority,
+            min_devices=job.min_devices,
+            max_devices=job.max_devices,
+            held=self.devices,
+            arrival_s=job.arrival_s,
+            waiting_s=0.0 if self.devices else now_s - self.waiting_since_s,
+        )
+
+
+def check_runnable(cluster: Cluster, trace: list[TraceJob], rates: PlannedRates) -> None:
+    """Raise :class:`SimulationError` naming the first job that can never run on ``cluster``."""
+    classes = ClusterClasses.of(cluster)
+    for job in trace:
+        rate = job_rate(rates, model=job.model, global_batch=job.global_batch)
+        fits = single_rates(classes, classes.ids, rate)
+        usable = sum(classes.capacity(c) for c in fits)
+        if not fits:
+            raise SimulationError(
+                f"trace job {job.name!r}: model {job.model} fits no device of {cluster.name}"
+            )
+        if usable < job.min_devices:
+            raise SimulationError(
+                f"trace job {job.name!r}: min_devices {job.min_devices} but only {usable} devices "
+                f"of cluster {cluster.name} can hold {job.model}"
+            )
+
+
+def simulate(
+    cluster: Cluster,
+    trace: list[TraceJob],
+    *,
+    policy: PolicyName,
+    settings: SimSettings | None = None,
+    rates: PlannedRates | None = None,
+) -> SimResult:
+    """Replay ``trace`` on ``cluster`` under ``policy`` (module docstring)."""
+    settings = settings or SimSettings()
+    rates = rates or PlannedRates.for_cluster(cluster)
+    check_runnable(cluster, trace, rates)
+    arrivals = deque(sorted(trace, key=lambda j: j.arrival_s))
+    active: dict[str, _Live] = {}
+    results: list[JobResult] = []
+    now_s = arrivals[0].arrival_s if arrivals else 0.0
+    next_round_s = now_s + settings.round_s
+    held_device_s = 0.0
+    decision_s_max = 0.0
+    num_decisions = num_moves = 0
+    while arrivals or active:
+        changed = False
+        for name in [
+            n
+            for n, live in active.items()
+            if live.done_samples >= live.total_samples * (1 - DONE_TOLERANCE)
+        ]:
+            live = active.pop(name)
+            results.append(_result(live, now_s))
+            changed = True
+        while arrivals and arrivals[0].arrival_s <= now_s:
+            job = arrivals.popleft()
+            active[job.name] = _Live(job=job, waiting_since_s=job.arrival_s)
+            changed = True
+        if now_s >= next_round_s:
+            next_round_s += settings.round_s * math.floor(
+                (now_s - next_round_s) / settings.round_s + 1
+            )
+            changed = (
+                changed or any(not live.devices for live in active.values()) or policy != "fifo"
+            )
+        if changed and active:
+            started = time.perf_counter()
+            allocation = decide(
+                cluster,
+                [live.demand(now_s) for live in active.values()],
+                policy=policy,
+                rates=rates,
+                settings=settings.policy,
+            )
+            decision_s_max = max(decision_s_max, time.perf_counter() - started)
+            num_decisions += 1
+            for name, live in active.items():
+                num_moves += _apply(
+                    live, allocation.devices[name], allocation.samples_per_s[name], now_s, settings
+                )
+            if not arrivals and not any(live.devices for live in active.values()):
+                stuck = "; ".join(f"{n}: {allocation.reasons[n]}" for n in list(active)[:3])
+                raise SimulationError(f"jobs can never start under {policy}: {stuck}")
+        next_s = min(
+            arrivals[0].arrival_s if arrivals else math.inf,
+            next_round_s if active else math.inf,
+            *(live.finish_s(now_s) for live in active.values()),
+        )
+        if not math.isfinite(next_s):
+            break
+        for live in active.values():
+            live.advance(now_s, next_s)
+            held_device_s += len(live.devices) * (next_s - now_s)
+        now_s = next_s
+    first = min((j.arrival_s for j in trace), default=0.0)
+    makespan_s = max((r.end_s for r in results), default=first) - first
+    utilization = held_device_s / (len(cluster.devices) * makespan_s) if makespan_s > 0 else 0.0
+    return SimResult(
+        policy=policy,
+        jobs=tuple(sorted(results, key=lambda r: (r.arrival_s, r.name))),
+        makespan_s=makespan_s,
+        utilization=utilization,
+        decision_s_max=decision_s_max,
+        num_decisions=num_decisions,
+        num_reallocations=num_moves,
+    )
+
+
+def _apply(
+    live: _Live, devices: tuple[str, ...], rate: float, now_s: float, settings: SimSettings
+) -> int:
+    """Give ``live`` its new devices; 1 when that was a re-allocation, else 0."""
+    if set(devices) == set(live.devices):
+        live.rate = rate
+        return 0
+    moved = bool(live.done_samples > 0 or live.devices)
+    if not devices:
+        live.waiting_since_s = now_s
+    if live.start_s is None and devices:
+        live.start_s = now_s
+    live.devices = devices
+    live.rate = rate
+    live.resume_s = now_s + (settings.reallocation_s if moved and devices else 0.0)
+    live.records.append(
+        AllocationRecord(t_s=now_s, devices=devices, samples_per_s=rate, resume_s=live.resume_s)
+    )
+    return 1 if moved else 0
+
+
+def _result(live: _Live, end_s: float) -> JobResult:
+    return JobResult(
+        name=live.job.name,
+        arrival_s=live.job.arrival_s,
+        start_s=live.start_s if live.start_s is not None else end_s,
+        end_s=end_s,
+        allocations=tuple(live.records),
+    )

@@ -1,0 +1,4 @@
+"""What a device costs: profiles, per-piece figures, the roofline, the data-parallel cost model.
+
+May import scheduler.hardware and scheduler.models.
+"""

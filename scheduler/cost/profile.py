@@ -1,0 +1,378 @@
+"""Profiles: what each device costs per micro-batch and per sample.
+
+A profile (DESIGN.md, "Profile") is the planner's only input about hardware.
+It comes either from measurement (``workers/`` profiler) or, to plan for
+clusters one does not have, from the GPU catalogue and a model preset
+(:func:`analytic_profile`): every piece of the model (embedding, block,
+head) as a roofline on the device's sustained FLOP/s and memory bandwidth
+(:mod:`scheduler.cost.roofline`), and its saved activations for the attention
+kernel the model runs (:mod:`scheduler.models.activations`).
+
+**Recomputation.** A device (and a per-layer block) may carry figures for
+``selective`` and ``full`` activation recomputation besides its plain ones
+(``"recompute": {"full": {"per_sample_bytes": …, "per_sample_s": …}}``): less
+memory per sample, more time. The profiler may measure them; where a
+document lacks them and its model is a known preset, they are derived from
+the plain figures by the analytic ratios of that model (bytes and time under
+the mode over bytes and time without), so measured figures stay the base.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from scheduler.cost.costs import (
+    DeviceProfile,
+    LayerCost,
+    LayerProfile,
+    Option,
+    RecomputeCost,
+    with_derived_recompute,
+)
+from scheduler.cost.roofline import PieceTime, Rates, block_time, embed_time, head_time
+from scheduler.errors import ProfileError
+from scheduler.hardware.capacity import usable_capacity_bytes
+from scheduler.hardware.catalogue import DEFAULT_FLOPS_SHARE, lookup
+from scheduler.hardware.cluster import Cluster, Links
+from scheduler.models.activations import RECOMPUTE_MODES, Recompute, Stored
+from scheduler.models.presets import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DeviceProfile",
+    "LayerCost",
+    "LayerProfile",
+    "Option",
+    "Profile",
+    "RecomputeCost",
+    "analytic_layers",
+    "analytic_profile",
+    "load_profile",
+    "profile_from_dict",
+    "save_profile",
+    "with_derived_recompute",
+]
+
+DEFAULT_EFFICIENCY = DEFAULT_FLOPS_SHARE
+"""Share of peak FLOP/s ``--efficiency`` suggests; by default each GPU's own share applies."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    model: str
+    devices: tuple[DeviceProfile, ...]
+    links: Links = field(default_factory=Links)
+    gradient_bytes: int = 0
+    """Bytes all-reduced per data-parallel step."""
+    source: str = "analytic"
+    """``analytic`` (catalogue) or ``measured`` (profiler)."""
+
+    def device(self, device_id: str) -> DeviceProfile:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        raise ProfileError(f"profile: no device {device_id!r}")
+
+    def subset(self, device_ids: list[str]) -> Profile:
+        wanted = set(device_ids)
+        return replace(self, devices=tuple(d for d in self.devices if d.id in wanted))
+
+    def without_recompute(self) -> Profile:
+        """This profile with no recomputation figures: plans then never recompute
+        (for a runtime or a user that does not checkpoint activations)."""
+
+        def plain(d: DeviceProfile) -> DeviceProfile:
+            layers = d.layers
+            if layers is not None:
+                block = replace(layers.block, selective=None, full=None)
+                layers = replace(layers, block=block)
+            return replace(d, selective=None, full=None, layers=layers)
+
+        return replace(self, devices=tuple(plain(d) for d in self.devices))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "source": self.source,
+            "devices": [d.to_dict() for d in self.devices],
+            "links": self.links.to_dict(),
+            "gradient_bytes": self.gradient_bytes,
+        }
+
+
+def _num(
+    where: str, raw: dict[str, Any], key: str, *, integer: bool = False, positive: bool = False
+) -> Any:
+    if key not in raw:
+        raise ProfileError(f"profile: {where}.{key} is missing")
+    value = raw[key]
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise ProfileError(f"profile: {where}.{key} must be {kind}, got {value!r}")
+    if positive and value <= 0:
+        raise ProfileError(f"profile: {where}.{key} must be > 0, got {value!r}")
+    return value
+
+
+def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
+    """The optional ``recompute`` object: figures per mode."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile: {where} must be an object")
+    out = {}
+    for mode, cost in raw.items():
+        here = f"{where}.{mode}"
+        if mode not in RECOMPUTE_MODES[1:]:
+            raise ProfileError(
+                f"profile: {here}: unknown recomputation mode; allowed: "
+                f"{', '.join(RECOMPUTE_MODES[1:])}"
+            )
+        if not isinstance(cost, dict):
+            raise ProfileError(f"profile: {here} must be an object")
+        out[mode] = RecomputeCost(
+            per_sample_bytes=int(_num(here, cost, "per_sample_bytes", integer=True)),
+            per_sample_s=float(_num(here, cost, "per_sample_s", positive=True)),
+            fixed_s=float(_num(here, cost, "fixed_s")) if "fixed_s" in cost else None,
+            transient_bytes_per_sample=int(
+                _num(here, cost, "transient_bytes_per_sample", integer=True)
+            )
+            if "transient_bytes_per_sample" in cost
+            else 0,
+        )
+    return out
+
+
+def _layer_cost(where: str, raw: Any) -> LayerCost:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile: {where} must be an object")
+    recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
+    return LayerCost(
+        fixed_s=float(_num(where, raw, "fixed_s")),
+        per_sample_s=float(_num(where, raw, "per_sample_s")),
+        static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
+        per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
+        selective=recompute.get("selective"),
+        full=recompute.get("full"),
+    )
+
+
+def _layer_profile(where: str, raw: Any) -> LayerProfile:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile: {where} must be an object")
+    num_blocks = int(_num(where, raw, "num_blocks", integer=True, positive=True))
+    return LayerProfile(
+        num_blocks=num_blocks,
+        embed=_layer_cost(f"{where}.embed", raw.get("embed")),
+        block=_layer_cost(f"{where}.block", raw.get("block")),
+        head=_layer_cost(f"{where}.head", raw.get("head")),
+        boundary_bytes_per_sample=int(_num(where, raw, "boundary_bytes_per_sample", integer=True)),
+    )
+
+
+def profile_from_dict(data: Any) -> Profile:
+    """Validate a parsed profile document; every error names the field."""
+    if not isinstance(data, dict):
+        raise ProfileError("profile: must be a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise ProfileError("profile: model must be a non-empty string")
+    raw_devices = data.get("devices")
+    if not isinstance(raw_devices, list) or not raw_devices:
+        raise ProfileError("profile: devices must be a non-empty list")
+    devices = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_devices):
+        where = f"devices[{i}]"
+        if not isinstance(raw, dict):
+            raise ProfileError(f"profile: {where} must be an object")
+        device_id = raw.get("id")
+        if not isinstance(device_id, str) or not device_id:
+            raise ProfileError(f"profile: {where}.id must be a non-empty string")
+        if device_id in seen:
+            raise ProfileError(f"profile: {where}.id {device_id!r} appears twice")
+        seen.add(device_id)
+        recompute = _recompute(f"{where}.recompute", raw.get("recompute"))
+        devices.append(
+            DeviceProfile(
+                id=device_id,
+                node=str(raw.get("node", device_id.split("/")[0])),
+                type=str(raw.get("type", "unknown")),
+                capacity_bytes=int(_num(where, raw, "capacity_bytes", integer=True)),
+                static_bytes=int(_num(where, raw, "static_bytes", integer=True)),
+                per_sample_bytes=int(_num(where, raw, "per_sample_bytes", integer=True)),
+                fixed_s=float(_num(where, raw, "fixed_s")),
+                per_sample_s=float(_num(where, raw, "per_sample_s", positive=True)),
+                layers=_layer_profile(f"{where}.layers", raw["layers"])
+                if raw.get("layers")
+                else None,
+                micro_batch_limit=int(_num(where, raw, "micro_batch_limit", integer=True))
+                if raw.get("micro_batch_limit") is not None
+                else None,
+                selective=recompute.get("selective"),
+                full=recompute.get("full"),
+            )
+        )
+    preset = PRESETS.get(model)
+    if preset is not None:
+        devices = [with_derived_recompute(d, preset) for d in devices]
+    raw_links = data.get("links") or {}
+    if not isinstance(raw_links, dict):
+        raise ProfileError("profile: links must be an object")
+    defaults = Links()
+    links = Links(
+        intra_node_gbps=float(_num("links", raw_links, "intra_node_gbps", positive=True))
+        if "intra_node_gbps" in raw_links
+        else defaults.intra_node_gbps,
+        inter_node_gbps=float(_num("links", raw_links, "inter_node_gbps", positive=True))
+        if "inter_node_gbps" in raw_links
+        else defaults.inter_node_gbps,
+    )
+    gradient_bytes = (
+        int(_num("profile", data, "gradient_bytes", integer=True))
+        if "gradient_bytes" in data
+        else 0
+    )
+    source = data.get("source", "measured")
+    return Profile(
+        model=model,
+        devices=tuple(devices),
+        links=links,
+        gradient_bytes=gradient_bytes,
+        source=str(source),
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"profile: cannot read {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile: {path} is not valid JSON (line {exc.lineno})") from exc
+    return profile_from_dict(data)
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+
+
+def _cost(
+    params: int,
+    plain: PieceTime,
+    per_sample_bytes: int,
+    recompute: dict[str, tuple[PieceTime, Stored]] | None = None,
+) -> LayerCost:
+    costs = {
+        mode: RecomputeCost(
+            per_sample_bytes=kept.bytes,
+            per_sample_s=time.per_sample_s,
+            fixed_s=time.fixed_s,
+            transient_bytes_per_sample=kept.transient_bytes,
+        )
+        for mode, (time, kept) in (recompute or {}).items()
+    }
+    return LayerCost(
+        fixed_s=plain.fixed_s,
+        per_sample_s=plain.per_sample_s,
+        static_bytes=MIXED_PRECISION_STATE_BYTES_PER_PARAM * params,
+        per_sample_bytes=per_sample_bytes,
+        selective=costs.get("selective"),
+        full=costs.get("full"),
+    )
+
+
+def analytic_layers(model: ModelPreset, rates: Rates) -> LayerProfile:
+    """Per-layer costs of ``model`` on a device sustaining ``rates`` (the roofline model)."""
+    modes: tuple[Recompute, ...] = ("selective", "full")
+    return LayerProfile(
+        num_blocks=model.num_layers,
+        embed=_cost(
+            model.embed_params, embed_time(model, rates), 2 * model.seq_len * model.d_model
+        ),
+        block=_cost(
+            model.block_params,
+            block_time(model, rates),
+            model.activation_bytes_per_sample_per_layer,
+            {m: (block_time(model, rates, m), model.block_stored(m)) for m in modes},
+        ),
+        head=_cost(
+            model.head_params, head_time(model, rates), 4 * model.seq_len * model.vocab_size
+        ),
+        boundary_bytes_per_sample=model.boundary_bytes_per_sample,
+    )
+
+
+def _whole(layers: LayerProfile, option: Option) -> tuple[float, float, int]:
+    """``(fixed_s, per_sample_s, per_sample_bytes)`` of the whole model with ``option``'s block."""
+    ends = (layers.embed, layers.head)
+    n = layers.num_blocks
+    return (
+        sum(c.fixed_s for c in ends) + n * option.fixed_s,
+        sum(c.per_sample_s for c in ends) + n * option.per_sample_s,
+        sum(c.per_sample_bytes for c in ends)
+        + n * option.per_sample_bytes
+        + option.transient_bytes_per_sample,
+    )
+
+
+def analytic_profile(
+    cluster: Cluster,
+    model: ModelPreset,
+    *,
+    efficiency: float | None = None,
+    simulated: bool = False,
+) -> Profile:
+    """A profile of ``cluster`` training ``model``, from the catalogue alone.
+
+    ``efficiency``: one share of peak FLOP/s for every device instead of each GPU's
+    own (:data:`scheduler.hardware.catalogue.DEFAULT_FLOPS_SHARE`, lower for power-capped cards).
+    ``simulated``: capacities are those of the cluster's simulated devices
+    (:func:`scheduler.hardware.capacity.usable_capacity_bytes`).
+    """
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
+    devices = []
+    for d in cluster.devices:
+        rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
+        layers = analytic_layers(model, rates)
+        plain, *recompute = layers.block.options()
+        fixed_s, per_sample_s, per_sample_bytes = _whole(layers, plain)
+        costs = {}
+        for option in recompute:
+            fixed, per_sample, nbytes = _whole(layers, option)
+            costs[option.recompute] = RecomputeCost(
+                per_sample_bytes=nbytes, per_sample_s=per_sample, fixed_s=fixed
+            )
+        devices.append(
+            DeviceProfile(
+                id=d.id,
+                node=d.node,
+                type=d.type,
+                capacity_bytes=usable_capacity_bytes(
+                    d.memory_bytes,
+                    simulated=simulated,
+                    memory_scale=cluster.simulation.memory_scale,
+                ),
+                static_bytes=model.model_state_bytes,
+                per_sample_bytes=per_sample_bytes,
+                fixed_s=fixed_s,
+                per_sample_s=per_sample_s,
+                layers=layers,
+                selective=costs.get("selective"),
+                full=costs.get("full"),
+            )
+        )
+    return Profile(
+        model=model.name,
+        devices=tuple(devices),
+        links=cluster.links,
+        gradient_bytes=model.gradient_bytes,
+        source="analytic",
+    )

@@ -1,0 +1,316 @@
+"""Cluster specs: the YAML document that says which GPUs a cluster has.
+
+Format (DESIGN.md, "Cluster spec")::
+
+    name: mixed-lab
+    nodes:
+      - name: node-a
+        ray_node: 10.0.0.5       # optional: the Ray node its devices run on (see below)
+        devices:
+          - type: A100-80GB      # a catalogue key, any case
+            count: 2
+            memory_gb: 75        # optional override of the catalogue
+    links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
+    simulation:                                            # optional
+      memory_scale: 0.001
+      faults: [{device: node-a/0, at_step: 10, kind: slow, factor: 3}]
+
+Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
+
+``ray_node`` matters only when the service simulates the spec on an external
+Ray cluster (``hetsched serve --ray-address ADDR --cluster SPEC``): it names
+the Ray node that runs the node's simulated devices, by Ray node id, IP
+address or node name, or by a custom resource the operator gave that node
+(``ray start --resources='{"node-a": 1}'``). Without it the node's ``name``
+is looked up the same way (:func:`with_ray_nodes`). The embedded local Ray
+ignores it. Matching against live Ray nodes is ``workers.cluster.placement``'s job;
+this module only carries the name.
+Every error names the offending field (``nodes[1].devices[0].type``) and what
+is allowed; nothing here raises anything but :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped, unused-ignore]
+
+from scheduler.errors import SpecError
+from scheduler.hardware.catalogue import GIB, known_types, lookup
+from scheduler.hardware.faults import Fault, fault_from_dict
+
+DEFAULT_INTRA_NODE_GBPS = 600.0
+DEFAULT_INTER_NODE_GBPS = 100.0
+DEFAULT_MEMORY_SCALE = 0.001
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Device:
+    id: str
+    """``NODE/INDEX``."""
+    node: str
+    index: int
+    """Position among the node's devices."""
+    type: str
+    """Canonical catalogue key."""
+    memory_gb: float
+    peak_tflops: float
+    ray_node: str | None = None
+    """The Ray node that runs this (simulated) device on an external Ray cluster: a
+    node id, IP address, node name or custom resource name; None: not placed by name."""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * GIB)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Links:
+    intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
+    """Bandwidth between devices of one node, in Gbit/s."""
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
+    """Bandwidth between nodes, in Gbit/s."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Simulation:
+    memory_scale: float = DEFAULT_MEMORY_SCALE
+    """Simulated capacity = memory_gb × memory_scale (GPU-sized memory on a laptop)."""
+    faults: tuple[Fault, ...] = ()
+    """Injected crashes, losses and slow-downs (:mod:`scheduler.hardware.faults`), in spec order."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    name: str
+    devices: tuple[Device, ...]
+    links: Links = field(default_factory=Links)
+    simulation: Simulation = field(default_factory=Simulation)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(dict.fromkeys(d.node for d in self.devices))
+
+    def device(self, device_id: str) -> Device:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.devices]
+
+    def subset(self, device_ids: list[str]) -> Cluster:
+        """The same cluster restricted to ``device_ids`` (ids keep their names)."""
+        wanted = set(device_ids)
+        for device_id in device_ids:
+            self.device(device_id)
+        faults = tuple(f for f in self.simulation.faults if f.device in wanted)
+        return Cluster(
+            name=self.name,
+            devices=tuple(d for d in self.devices if d.id in wanted),
+            links=self.links,
+            simulation=replace(self.simulation, faults=faults),
+        )
+
+
+def _check_keys(where: str, data: dict[str, Any], allowed: set[str]) -> None:
+    for key in data:
+        if key not in allowed:
+            listed = ", ".join(sorted(allowed))
+            raise SpecError(f"{where}{key}: unknown key; allowed: {listed}")
+
+
+def _number(where: str, value: Any, *, minimum: float, integer: bool = False) -> float:
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    if value < minimum or value != value:
+        raise SpecError(f"{where}: must be {kind} >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _mapping(where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def parse_cluster(data: Any) -> Cluster:
+    """Validate a parsed YAML document and build the cluster it describes."""
+    top = _mapping("cluster", data)
+    _check_keys("", top, {"name", "nodes", "links", "simulation"})
+    name = top.get("name", "cluster")
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(f"name: must be a non-empty string, got {name!r}")
+    nodes = top.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise SpecError("nodes: must be a non-empty list of nodes")
+
+    devices: list[Device] = []
+    seen_nodes: set[str] = set()
+    for i, raw_node in enumerate(nodes):
+        node = _mapping(f"nodes[{i}]", raw_node)
+        _check_keys(f"nodes[{i}].", node, {"name", "devices", "ray_node"})
+        node_name = node.get("name")
+        if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
+            raise SpecError(f"nodes[{i}].name: must be a non-empty string without '/'")
+        if node_name in seen_nodes:
+            raise SpecError(f"nodes[{i}].name: duplicate node name {node_name!r}")
+        seen_nodes.add(node_name)
+        ray_node = node.get("ray_node")
+        if ray_node is not None and (not isinstance(ray_node, str) or not ray_node.strip()):
+            raise SpecError(
+                f"nodes[{i}].ray_node: must be a Ray node id, IP address, node name or "
+                f"custom resource name, got {ray_node!r}"
+            )
+        entries = node.get("devices")
+        if not isinstance(entries, list) or not entries:
+            raise SpecError(f"nodes[{i}].devices: must be a non-empty list")
+        index = 0
+        for j, raw_entry in enumerate(entries):
+            where = f"nodes[{i}].devices[{j}]"
+            entry = _mapping(where, raw_entry)
+            _check_keys(f"{where}.", entry, {"type", "count", "memory_gb", "tflops"})
+            gpu_type = entry.get("type")
+            if not isinstance(gpu_type, str):
+                raise SpecError(f"{where}.type: required; known: {', '.join(known_types())}")
+            try:
+                gpu = lookup(gpu_type)
+            except KeyError:
+                known = ", ".join(known_types())
+                raise SpecError(
+                    f"{where}.type: unknown GPU type {gpu_type!r}; known: {known}"
+                ) from None
+            count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
+            memory_gb = gpu.memory_gb
+            if "memory_gb" in entry:
+                memory_gb = _number(f"{where}.memory_gb", entry["memory_gb"], minimum=0.001)
+            tflops = gpu.peak_tflops
+            if "tflops" in entry:
+                tflops = _number(f"{where}.tflops", entry["tflops"], minimum=0.001)
+            for _ in range(count):
+                devices.append(
+                    Device(
+                        id=f"{node_name}/{index}",
+                        node=node_name,
+                        index=index,
+                        type=gpu.key,
+                        memory_gb=memory_gb,
+                        peak_tflops=tflops,
+                        ray_node=ray_node.strip() if ray_node is not None else None,
+                    )
+                )
+                index += 1
+
+    links = Links()
+    if "links" in top:
+        raw = _mapping("links", top["links"])
+        _check_keys("links.", raw, {"intra_node_gbps", "inter_node_gbps"})
+        links = Links(
+            intra_node_gbps=_number(
+                "links.intra_node_gbps",
+                raw.get("intra_node_gbps", links.intra_node_gbps),
+                minimum=0.001,
+            ),
+            inter_node_gbps=_number(
+                "links.inter_node_gbps",
+                raw.get("inter_node_gbps", links.inter_node_gbps),
+                minimum=0.001,
+            ),
+        )
+    simulation = Simulation()
+    if "simulation" in top:
+        raw = _mapping("simulation", top["simulation"])
+        _check_keys("simulation.", raw, {"memory_scale", "faults"})
+        raw_faults = raw.get("faults", [])
+        if raw_faults is None:
+            raw_faults = []
+        if not isinstance(raw_faults, list):
+            raise SpecError(f"simulation.faults: must be a list, got {type(raw_faults).__name__}")
+        ids = [d.id for d in devices]
+        simulation = Simulation(
+            memory_scale=_number(
+                "simulation.memory_scale",
+                raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
+                minimum=1e-9,
+            ),
+            faults=tuple(
+                fault_from_dict(f"simulation.faults[{i}]", f, ids) for i, f in enumerate(raw_faults)
+            ),
+        )
+    return Cluster(name=name, devices=tuple(devices), links=links, simulation=simulation)
+
+
+def with_faults(cluster: Cluster, faults: list[Fault] | tuple[Fault, ...]) -> Cluster:
+    """``cluster`` with ``faults`` appended to its spec's (``--fault`` on the command line)."""
+    for fault in faults:
+        if fault.device not in cluster.ids:
+            raise SpecError(
+                f"--fault {str(fault)!r}: unknown device {fault.device!r}; "
+                f"known: {', '.join(cluster.ids)}"
+            )
+    simulation = replace(cluster.simulation, faults=(*cluster.simulation.faults, *faults))
+    return replace(cluster, simulation=simulation)
+
+
+def with_ray_nodes(cluster: Cluster) -> Cluster:
+    """``cluster`` with every node that names no ``ray_node`` placed by its own name.
+
+    For an external Ray cluster: a spec node ``node-a`` then runs on the Ray node
+    whose id, address, node name or custom resource is ``node-a``.
+    """
+    devices = tuple(
+        d if d.ray_node is not None else replace(d, ray_node=d.node) for d in cluster.devices
+    )
+    return replace(cluster, devices=devices)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cluster: cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"cluster: {path} is not valid YAML{where}") from exc
+    return parse_cluster(data)
+
+
+def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
+    """The YAML document for ``cluster`` (one device entry per device)."""
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    ray_nodes = {d.node: d.ray_node for d in cluster.devices if d.ray_node is not None}
+    for d in cluster.devices:
+        gpu = lookup(d.type)
+        entry: dict[str, Any] = {"type": d.type, "count": 1}
+        if d.memory_gb != gpu.memory_gb:
+            entry["memory_gb"] = d.memory_gb
+        if d.peak_tflops != gpu.peak_tflops:
+            entry["tflops"] = d.peak_tflops
+        nodes.setdefault(d.node, []).append(entry)
+    simulation: dict[str, Any] = {"memory_scale": cluster.simulation.memory_scale}
+    if cluster.simulation.faults:
+        simulation["faults"] = [f.to_dict() for f in cluster.simulation.faults]
+    return {
+        "name": cluster.name,
+        "nodes": [
+            {"name": n, **({"ray_node": ray_nodes[n]} if n in ray_nodes else {}), "devices": devs}
+            for n, devs in nodes.items()
+        ],
+        "links": cluster.links.to_dict(),
+        "simulation": simulation,
+    }

@@ -1,0 +1,82 @@
+"""Which catalogue entry a real GPU is, from the name and memory its driver reports.
+
+Ray tells only one accelerator type per node, and only the model ("A100"),
+so hetsched asks each node's driver for every GPU's own name and memory
+(``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``)
+and maps each GPU here: the catalogue model that spells the longest run of
+the reported name's leading words (``RTX 4090``, ``H100 PCIe``; whole words,
+so ``A10`` is not ``A100`` and ``L4`` is not ``L40S``), then of that
+model's entries the one whose memory is nearest the reported memory.
+
+>>> catalogue_key("NVIDIA A100-SXM4-40GB", 40 * 1024)
+'A100-40GB'
+>>> catalogue_key("Tesla V100-SXM2-16GB", 16 * 1024)
+'V100-16GB'
+>>> catalogue_key("NVIDIA GeForce RTX 4090", 24564)
+'RTX4090-24GB'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.errors import SpecError
+from scheduler.hardware.catalogue import CATALOGUE, GpuSpec
+
+_VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE", "QUADRO", "AMD", "INSTINCT")
+MIB = 2**20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbedGpu:
+    """One GPU as its node's driver reports it."""
+
+    index: int
+    """Physical index on its node (what CUDA_VISIBLE_DEVICES names)."""
+    name: str
+    memory_mib: int
+
+
+def _leading_runs(name: str) -> set[str]:
+    """The name's words (vendor words dropped) joined from the start: ``RTX``, ``RTX4090``, …"""
+    words = "".join(ch if ch.isalnum() else " " for ch in name.upper()).split()
+    words = [w for w in words if w not in _VENDOR_WORDS]
+    return {"".join(words[:k]) for k in range(1, len(words) + 1)}
+
+
+def _model(gpu: GpuSpec) -> str:
+    return "".join(ch for ch in gpu.key.rsplit("-", 1)[0].upper() if ch.isalnum())
+
+
+def catalogue_key(name: str, memory_mib: int) -> str:
+    """The catalogue key of a GPU the driver calls ``name`` with ``memory_mib`` MiB."""
+    runs = _leading_runs(name)
+    matches = [gpu for gpu in CATALOGUE.values() if _model(gpu) in runs]
+    longest = max((len(_model(g)) for g in matches), default=0)
+    best = [g for g in matches if len(_model(g)) == longest]
+    if not best:
+        raise SpecError(
+            f"gpu: {name!r} ({memory_mib / 1024:.0f} GiB) is not in the catalogue; "
+            f"known: {', '.join(CATALOGUE)} (describe the cluster with a spec file instead)"
+        )
+    memory_gib = memory_mib / 1024
+    return min(best, key=lambda g: abs(g.memory_gb - memory_gib)).key
+
+
+def parse_nvidia_smi(text: str) -> list[ProbedGpu]:
+    """Rows of ``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``.
+
+    >>> parse_nvidia_smi("0, Tesla T4, 15360 MiB\\n1, Tesla T4, 15360 MiB\\n")[1]
+    ProbedGpu(index=1, name='Tesla T4', memory_mib=15360)
+    """
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3:
+            raise SpecError(f"nvidia-smi: cannot read {line!r} (want 'index, name, memory')")
+        index, name, memory = parts
+        number = memory.split()[0] if memory else ""
+        if not index.isdigit() or not number.isdigit():
+            raise SpecError(f"nvidia-smi: cannot read {line!r} (want 'index, name, memory')")
+        gpus.append(ProbedGpu(index=int(index), name=name, memory_mib=int(number)))
+    return gpus

@@ -1,0 +1,4 @@
+"""Plans and their planners: plan types, dp, stages, pp, hybrid, auto, make_plan in front.
+
+May import scheduler.cost, scheduler.hardware and scheduler.models.
+"""

@@ -1,0 +1,374 @@
+"""Hybrid plans (``hybrid``): several uneven pipelines side by side, data-parallel across them.
+
+Each pipeline is partitioned exactly as in :mod:`scheduler.planning.stages` (with the
+conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
+valid whatever share it gets, and each stage's recomputation mode chosen
+there). The global batch is cut into ``M`` micro-batches
+of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
+micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
+pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
+takes ``Σ_s t_s + (m_j − 1)·max_s t_s`` plus its boundary transfers. Handing
+the ``M`` micro-batches out one by one to the pipeline that would finish
+earliest with it (a heap) minimises the slowest pipeline exactly, because each
+pipeline's time is non-decreasing in its count (the same argument as the
+data-parallel planner's). Pipelines may get none and sit out.
+
+Gradients: every piece of the model (embedding, each block, head) is held by
+one device per active pipeline; its gradient is SUM-all-reduced among those
+holders. Every pipeline scales its loss by ``global_batch·seq_len`` (DESIGN.md,
+"Correctness"), so each holder's gradient is already weighted by its
+pipeline's share of the batch and the sum is the full-batch gradient: the
+update equals single-device training. Consecutive pieces with the same holders
+form one all-reduce; a device's sync time is the sum of its rings (each over
+the slowest link among its holders), and the step pays the slowest device's.
+
+Grouping devices into pipelines (every variant is planned, the fastest kept):
+``node`` — one pipeline per node (fast intra-node activation links), nodes
+too small for the model chained with the next smaller ones until they fit;
+``type`` — devices of one type on one node form pipelines of the shortest
+length that holds the model (and of twice that, fewer bubbles per device vs.
+larger micro-batches), leftovers chained by memory; ``single`` — the best
+single pipeline over all devices (the ``pp`` plan). Identical pipelines are
+partitioned once (memoised by their devices' figures), which keeps a
+512-device plan to about a second.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
+from scheduler.cost.profile import DeviceProfile, Profile
+from scheduler.errors import PlanError
+from scheduler.planning.pipeline import (
+    best_pipeline,
+    exclusion_reason,
+    layer_usable,
+    micro_batch_candidates,
+    no_fit_message,
+    prefer_larger_micro_batches,
+    stage_plans,
+)
+from scheduler.planning.plan import DevicePlan, Excluded, Plan, check_global_batch
+from scheduler.planning.stages import (
+    Chain,
+    Tied,
+    boundary_s,
+    in_flight_1f1b,
+    layers_of,
+    partition,
+    tied_embedding,
+)
+
+Group = tuple[DeviceProfile, ...]
+
+
+def pipeline_order(devices: Sequence[DeviceProfile]) -> Group:
+    """Stage order inside a pipeline: by node, then memory descending (pipeline.py, order 2)."""
+    node_memory: dict[str, int] = {}
+    for d in devices:
+        node_memory[d.node] = node_memory.get(d.node, 0) + d.capacity_bytes
+    return tuple(
+        sorted(devices, key=lambda d: (-node_memory[d.node], d.node, -d.capacity_bytes, d.id))
+    )
+
+
+class Partitioner:
+    """Memoised :func:`partition` of pipelines, keyed by their devices' figures."""
+
+    def __init__(self, tied: Tied) -> None:
+        self.tied = tied
+        self._cache: dict[tuple[int, ...], Chain | None] = {}
+        self._figures: dict[tuple[int, object], int] = {}
+        self._codes: dict[str, int] = {}
+        """Device id -> index of its figures: hashing a device's figures (layers with
+        recomputation figures) once per plan rather than once per lookup."""
+
+    def _code(self, d: DeviceProfile) -> int:
+        code = self._codes.get(d.id)
+        if code is None:
+            code = self._figures.setdefault((d.capacity_bytes, d.layers), len(self._figures))
+            self._codes[d.id] = code
+        return code
+
+    def __call__(self, group: Group, micro_batch: int) -> Chain | None:
+        key = (micro_batch, *(self._code(d) for d in group))
+        if key not in self._cache:
+            self._cache[key] = partition(
+                group,
+                micro_batch=micro_batch,
+                in_flight=in_flight_1f1b(len(group), None),
+                tied_state_bytes=self.tied.state_bytes,
+            )
+        chain = self._cache[key]
+        if chain is None:
+            return None
+        stages = tuple(replace(st, device=d) for st, d in zip(chain.stages, group, strict=True))
+        return replace(chain, stages=stages)
+
+    def fits(self, group: Group) -> bool:
+        return self(group, 1) is not None
+
+
+def _chain_until_fit(
+    pool: list[DeviceProfile], fits: Partitioner
+) -> tuple[list[Group], list[DeviceProfile]]:
+    """Cut ``pool`` (in order) into consecutive pipelines, each as short as fits."""
+    groups: list[Group] = []
+    current: list[DeviceProfile] = []
+    for d in pool:
+        current.append(d)
+        group = pipeline_order(current)
+        if fits.fits(group):
+            groups.append(group)
+            current = []
+    return groups, current
+
+
+def group_by_node(devices: Sequence[DeviceProfile], fits: Partitioner) -> list[Group]:
+    nodes: dict[str, list[DeviceProfile]] = {}
+    for d in devices:
+        nodes.setdefault(d.node, []).append(d)
+    ordered = sorted(nodes.values(), key=lambda ds: -sum(d.capacity_bytes for d in ds))
+    groups: list[Group] = []
+    current: list[DeviceProfile] = []
+    for node_devices in ordered:
+        current.extend(node_devices)
+        group = pipeline_order(current)
+        if fits.fits(group):
+            groups.append(group)
+            current = []
+    if current and groups:  # too small alone: lengthen the last pipeline
+        merged = pipeline_order([*groups[-1], *current])
+        if fits.fits(merged):
+            groups[-1] = merged
+    return groups
+
+
+def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: int) -> list[Group]:
+    """Pipelines of like devices of one node, ``stretch`` × the shortest length that fits."""
+    classes: dict[tuple[str, str, int], list[DeviceProfile]] = {}
+    for d in devices:
+        classes.setdefault((d.node, d.type, d.capacity_bytes), []).append(d)
+    groups: list[Group] = []
+    leftovers: list[DeviceProfile] = []
+    for members in classes.values():
+        shortest = next(
+            (q for q in range(1, len(members) + 1) if fits.fits(tuple(members[:q]))), None
+        )
+        if shortest is None:
+            leftovers.extend(members)
+            continue
+        q = min(len(members), shortest * stretch)
+        whole = len(members) // q
+        groups += [tuple(members[i * q : (i + 1) * q]) for i in range(whole)]
+        leftovers.extend(members[whole * q :])
+    leftovers.sort(key=lambda d: (-d.capacity_bytes, d.id))
+    more, _ = _chain_until_fit(leftovers, fits)
+    return groups + more
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HybridChoice:
+    grouping: str
+    chains: tuple[Chain, ...]
+    counts: tuple[int, ...]
+    """Micro-batches per pipeline."""
+    samples: tuple[int, ...]
+    compute_s: float
+    comm_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def allocate(
+    chains: Sequence[Chain], pipe_comm_s: Sequence[float], num_micro_batches: int
+) -> list[int]:
+    """Micro-batches per pipeline minimising the slowest pipeline (module docstring)."""
+    counts = [0] * len(chains)
+    heap = [(c.compute_s(1) + pipe_comm_s[j], j) for j, c in enumerate(chains)]
+    heapq.heapify(heap)
+    for _ in range(num_micro_batches):
+        _, j = heapq.heappop(heap)
+        counts[j] += 1
+        heapq.heappush(heap, (chains[j].compute_s(counts[j] + 1) + pipe_comm_s[j], j))
+    return counts
+
+
+def sync_s(chains: Sequence[Chain], profile: Profile, tied: Tied) -> float:
+    """Gradient all-reduce among the holders of each piece (module docstring)."""
+    lp = layers_of(chains[0].stages[0].device)
+    total_static = (
+        lp.embed.static_bytes + lp.num_blocks * lp.block.static_bytes + lp.head.static_bytes
+    )
+    ratio = profile.gradient_bytes / total_static if total_static else 0.0
+    # pieces: -1 embedding, 0..L-1 blocks, L head; tied embedding separately
+    holders: dict[int, list[DeviceProfile]] = {}
+    for chain in chains:
+        for s, st in enumerate(chain.stages):
+            pieces = list(range(st.first, st.last))
+            if s == 0:
+                pieces.append(-1)
+            if s == len(chain.stages) - 1:
+                pieces.append(lp.num_blocks)
+            for piece in pieces:
+                holders.setdefault(piece, []).append(st.device)
+    size = {-1: lp.embed.static_bytes, lp.num_blocks: lp.head.static_bytes}
+    segments: dict[tuple[str, ...], float] = {}
+    for piece, devs in holders.items():
+        key = tuple(sorted(d.id for d in devs))
+        grad = size.get(piece, lp.block.static_bytes) * ratio
+        if piece == -1:
+            grad = max(grad - tied.gradient_bytes, 0.0)
+        segments[key] = segments.get(key, 0.0) + grad
+    if tied.gradient_bytes:
+        both = holders[-1] + holders[lp.num_blocks]
+        key = tuple(sorted({d.id for d in both}))
+        segments[key] = segments.get(key, 0.0) + tied.gradient_bytes
+    nodes = {d.id: d.node for ds in holders.values() for d in ds}
+    per_device: dict[str, float] = {}
+    for ids, grad in segments.items():
+        link = (
+            profile.links.intra_node_gbps
+            if len({nodes[i] for i in ids}) == 1
+            else profile.links.inter_node_gbps
+        )
+        t = ring_allreduce_s(len(ids), int(grad), link)
+        for i in ids:
+            per_device[i] = per_device.get(i, 0.0) + t
+    return max(per_device.values(), default=0.0)
+
+
+def evaluate(
+    grouping: str,
+    groups: Sequence[Group],
+    global_batch: int,
+    profile: Profile,
+    partitioner: Partitioner,
+) -> HybridChoice | None:
+    """The best micro-batch size and shares for these pipelines."""
+    choices: list[HybridChoice] = []
+    for size in micro_batch_candidates(global_batch):
+        num_micro = ceil_div(global_batch, size)
+        micro = ceil_div(global_batch, num_micro)
+        chains = [c for g in groups if (c := partitioner(g, micro)) is not None]
+        if not chains:
+            continue
+        comm = [boundary_s(c, profile.links) for c in chains]
+        counts = allocate(chains, comm, num_micro)
+        active = [(c, n, t) for c, n, t in zip(chains, counts, comm, strict=True) if n > 0]
+        compute = max(c.compute_s(n) for c, n, _ in active)
+        slowest = max(c.compute_s(n) + t for c, n, t in active)
+        sync = sync_s([c for c, _, _ in active], profile, partitioner.tied)
+        # samples: micro-batches as equal as integers allow, handed out in pipeline order
+        small, extra = divmod(global_batch, num_micro)
+        samples, taken = [], 0
+        for n in counts:
+            samples.append(sum(small + (1 if i < extra else 0) for i in range(taken, taken + n)))
+            taken += n
+        choice = HybridChoice(
+            grouping=grouping,
+            chains=tuple(chains),
+            counts=tuple(counts),
+            samples=tuple(samples),
+            compute_s=compute,
+            comm_s=slowest - compute + sync,
+        )
+        choices.append(choice)
+    return prefer_larger_micro_batches(choices, lambda c: c.chains[0].micro_batch)
+
+
+def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
+    """Pipelines side by side with uneven shares (module docstring)."""
+    check_global_batch(global_batch)
+    usable = layer_usable(profile)
+    tied = tied_embedding(profile)
+    partitioner = Partitioner(tied)
+    candidates: list[HybridChoice] = []
+    variants: list[tuple[str, list[Group]]] = [
+        ("node", group_by_node(usable, partitioner)),
+        ("type", group_by_type(usable, partitioner, 1)),
+        ("type×2", group_by_type(usable, partitioner, 2)),
+    ]
+    for name, groups in variants:
+        if groups and (choice := evaluate(name, groups, global_batch, profile, partitioner)):
+            candidates.append(choice)
+    single = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
+    if single is not None:
+        candidates.append(
+            HybridChoice(
+                grouping="single",
+                chains=(single.chain,),
+                counts=(single.num_micro_batches,),
+                samples=(global_batch,),
+                compute_s=single.compute_s,
+                comm_s=single.comm_s,
+            )
+        )
+    if not candidates:
+        raise PlanError(no_fit_message(usable, tied))
+    best = min(candidates, key=lambda c: c.step_s)
+    return _to_plan(best, profile, usable, tied, global_batch)
+
+
+def _to_plan(
+    best: HybridChoice,
+    profile: Profile,
+    usable: Sequence[DeviceProfile],
+    tied: Tied,
+    global_batch: int,
+) -> Plan:
+    entries: list[DevicePlan] = []
+    excluded: list[Excluded] = []
+    offset, index = 0, 0
+    for chain, n, samples in zip(best.chains, best.counts, best.samples, strict=True):
+        if n == 0:
+            excluded += [
+                Excluded(
+                    id=st.device.id,
+                    reason="idle: its pipeline gets no "
+                    "micro-batch; the others finish sooner without it",
+                )
+                for st in chain.stages
+            ]
+            continue
+        entries += stage_plans(
+            chain, pipeline=index, samples=samples, num_micro_batches=n, offset=offset
+        )
+        offset += samples
+        index += 1
+    used = {e.id for e in entries} | {e.id for e in excluded}
+    excluded += [
+        Excluded(id=d.id, reason="no per-layer figures in the profile")
+        for d in profile.devices
+        if d.layers is None
+    ]
+    excluded += [
+        Excluded(id=d.id, reason=exclusion_reason(d, tied)) for d in usable if d.id not in used
+    ]
+    running = [(n, c) for c, n in zip(best.chains, best.counts, strict=True) if n]
+    shares = ", ".join(f"{n}×{c.micro_batch}" for n, c in running)
+    if len(running) > 8:
+        lengths = sorted({len(c.stages) for _, c in running})
+        shares = (
+            f"{min(n for n, _ in running)} to {max(n for n, _ in running)} of "
+            f"{running[0][1].micro_batch}; pipelines of {lengths} stages"
+        )
+    notes = (
+        f"hybrid: {index} pipeline(s) grouped by {best.grouping}; micro-batches per "
+        f"pipeline (count×size) {shares}",
+    )
+    return Plan(
+        strategy="hybrid",
+        global_batch=global_batch,
+        predicted_step_s=best.step_s,
+        compute_s=best.compute_s,
+        comm_s=best.comm_s,
+        devices=tuple(entries),
+        excluded=tuple(excluded),
+        notes=notes,
+    )

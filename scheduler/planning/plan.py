@@ -1,0 +1,181 @@
+"""Plans: what each device does in one training step (DESIGN.md, "Plan").
+
+A plan is the contract between the planner, the runtimes, the API and the
+dashboard. Data-parallel plans leave ``layers`` empty; pipeline plans give
+each device its ``[first, last)`` block range, its ``stage`` within its
+``pipeline``, and every device of a pipeline processes all of that
+pipeline's samples. ``recompute`` says which activation recomputation the
+device runs its blocks with (:mod:`scheduler.models.activations`); documents
+written before it existed mean ``none``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from scheduler.errors import PlanError
+from scheduler.models.activations import RECOMPUTE_MODES, Recompute
+
+Strategy = Literal["auto", "dp", "even", "proportional", "pp", "hybrid"]
+DP_STRATEGIES: tuple[str, ...] = ("dp", "even", "proportional")
+PIPELINE_STRATEGIES: tuple[str, ...] = ("pp", "hybrid")
+"""Strategies whose plans give devices layer ranges; the pipeline runtime runs them."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DevicePlan:
+    id: str
+    samples: int
+    """Samples of the global batch this device computes per step."""
+    micro_batch: int
+    """Largest micro-batch it runs (micro-batches are as equal as integers allow)."""
+    accum_steps: int
+    """Micro-batches per step."""
+    busy_s: float
+    """Predicted compute time per step."""
+    peak_bytes: int
+    """Predicted peak memory."""
+    offset: int = 0
+    """Index of its first sample within the step's global batch (data parallel)."""
+    layers: tuple[int, int] | None = None
+    """Pipeline: the ``[first, last)`` range of transformer blocks this stage holds.
+    Stage 0 also holds the embedding and the last stage the final norm and head,
+    so a boundary stage may hold no block at all (``first == last``)."""
+    stage: int | None = None
+    pipeline: int | None = None
+    recompute: Recompute = "none"
+    """Activation recomputation of its blocks: ``none``, ``selective`` (the attention
+    core) or ``full`` (each block from its input), with ``torch.utils.checkpoint``."""
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise PlanError(
+                f"plan: device {self.id}: recompute {self.recompute!r} is not one of "
+                f"{', '.join(RECOMPUTE_MODES)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "samples": self.samples,
+            "micro_batch": self.micro_batch,
+            "accum_steps": self.accum_steps,
+            "busy_s": self.busy_s,
+            "peak_bytes": self.peak_bytes,
+            "offset": self.offset,
+            "layers": list(self.layers) if self.layers is not None else None,
+            "recompute": self.recompute,
+        }
+        if self.stage is not None:
+            out["stage"] = self.stage
+            out["pipeline"] = self.pipeline
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Excluded:
+    id: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Baseline:
+    predicted_step_s: float
+    predicted_samples_per_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "predicted_step_s": self.predicted_step_s,
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    strategy: str
+    global_batch: int
+    predicted_step_s: float
+    compute_s: float
+    comm_s: float
+    devices: tuple[DevicePlan, ...]
+    excluded: tuple[Excluded, ...] = ()
+    baselines: dict[str, Baseline] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    """Why this plan: for ``auto``, which strategies were considered and why this one won."""
+
+    @property
+    def predicted_samples_per_s(self) -> float:
+        return self.global_batch / self.predicted_step_s if self.predicted_step_s > 0 else 0.0
+
+    @property
+    def active(self) -> tuple[DevicePlan, ...]:
+        """Devices that compute something this step."""
+        return tuple(d for d in self.devices if d.samples > 0)
+
+    def with_baselines(self, baselines: dict[str, Baseline]) -> Plan:
+        return replace(self, baselines=baselines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "global_batch": self.global_batch,
+            "predicted_step_s": self.predicted_step_s,
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "devices": [d.to_dict() for d in self.devices],
+            "excluded": [e.to_dict() for e in self.excluded],
+            "baselines": {k: b.to_dict() for k, b in self.baselines.items()},
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def plan_from_dict(data: Any) -> Plan:
+    """Rebuild a plan from its JSON document (as stored by the API)."""
+    try:
+        devices = tuple(
+            DevicePlan(
+                id=d["id"],
+                samples=int(d["samples"]),
+                micro_batch=int(d["micro_batch"]),
+                accum_steps=int(d["accum_steps"]),
+                busy_s=float(d["busy_s"]),
+                peak_bytes=int(d["peak_bytes"]),
+                offset=int(d.get("offset", 0)),
+                layers=(int(d["layers"][0]), int(d["layers"][1]))
+                if d.get("layers") is not None
+                else None,
+                stage=d.get("stage"),
+                pipeline=d.get("pipeline"),
+                recompute=d.get("recompute", "none"),
+            )
+            for d in data["devices"]
+        )
+        return Plan(
+            strategy=str(data["strategy"]),
+            global_batch=int(data["global_batch"]),
+            predicted_step_s=float(data["predicted_step_s"]),
+            compute_s=float(data["compute_s"]),
+            comm_s=float(data["comm_s"]),
+            devices=devices,
+            excluded=tuple(
+                Excluded(id=e["id"], reason=e["reason"]) for e in data.get("excluded", [])
+            ),
+            baselines={k: Baseline(**v) for k, v in data.get("baselines", {}).items()},
+            notes=tuple(data.get("notes", [])),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"plan: malformed plan document ({exc})") from exc
+
+
+def check_global_batch(global_batch: int) -> None:
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise PlanError(f"global_batch: must be an integer >= 1, got {global_batch!r}")

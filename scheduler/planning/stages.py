@@ -1,0 +1,415 @@
+"""The pipeline stage cost model and the exact partition of blocks over a chain.
+
+A pipeline of ``p`` stages runs ``m`` micro-batches of ``b`` samples under the
+1F1B schedule (PipeDream-Flush: Narayanan et al., "Memory-Efficient
+Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks
+``[first, last)``; stage 0 also holds the embedding, the last stage the final
+norm and head. Per micro-batch, stage ``s`` on device ``d`` takes
+
+    t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
+
+from the device's per-layer profile (``n_s`` neighbours, each sending and
+receiving one message per micro-batch: :data:`P2P_LATENCY_S`), and needs
+
+    mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
+
+because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
+micro-batches at once: early stages hold more, so the order of devices matters.
+A stage may run its blocks with activation recomputation (the block's
+``selective`` or ``full`` figures, :mod:`scheduler.models.activations`): less kept
+per block, more time, plus what one block holds while it is recomputed, once
+per stage. Each stage takes, for every block count, the fastest mode that
+fits its memory, so the partition below stays exact over the modes too.
+A step takes ``Σ_s t_s + (m − 1)·max_s t_s`` (one micro-batch crosses every
+stage, the other ``m − 1`` leave at the bottleneck's pace; with balanced
+stages this is the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m``: Huang et
+al., GPipe, 2019), plus the activations forward and their gradients backward
+once over each stage boundary on the fill/drain path (later transfers overlap
+with compute), plus, for a tied embedding (GPT), an all-reduce of the
+embedding gradient between the first and the last stage.
+
+**Exact for a given order.** :func:`partition` minimises ``max_s t_s`` exactly
+by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
+t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
+(memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
+chain of identical blocks, so a stage's cost depends only on its block count).
+A second pass takes, among the min-max splits, the one with the least
+``Σ_s t_s``, which is then exactly optimal for the step-time formula above
+over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.cost.costmodel import ring_allreduce_s
+from scheduler.cost.costs import DeviceProfile, LayerCost, LayerProfile, Option
+from scheduler.cost.profile import Profile
+from scheduler.errors import PlanError
+from scheduler.hardware.cluster import Links
+from scheduler.models.activations import RECOMPUTE_MODES, Recompute
+from scheduler.models.presets import PRESETS
+
+INF = math.inf
+P2P_LATENCY_S = 1e-3
+"""Cost of one point-to-point message besides its bytes, charged to the stage per
+micro-batch: a stage exchanges activations and gradients with each neighbour
+(receives block it). Gloo on loopback takes 0.3–2 ms a message with Python around
+it; NCCL takes tens of µs, so on GPUs this errs towards fewer, larger micro-batches."""
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# --- the stage cost model --------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tied:
+    """A tied token embedding: the last stage keeps its own copy of the weight."""
+
+    state_bytes: int
+    """Model-state bytes of the copy the last stage adds (0 when the profile counts it)."""
+    gradient_bytes: int
+    """Bytes of its gradient, all-reduced between embedding and head holders each step."""
+
+
+def tied_embedding(profile: Profile) -> Tied:
+    """The tied embedding of ``profile``'s model, or zeros when its head is untied/unknown.
+
+    Measured layer profiles count the head's weight copy in ``head.static_bytes``;
+    analytic ones (from the presets) count only the final norm, so the copy is added.
+    """
+    preset = PRESETS.get(profile.model)
+    if preset is None or preset.family != "gpt":
+        return Tied(state_bytes=0, gradient_bytes=0)
+    params = preset.vocab_size * preset.d_model
+    grad_per_param = profile.gradient_bytes / preset.num_params if preset.num_params else 0.0
+    state = 16 * params if profile.source == "analytic" else 0
+    return Tied(state_bytes=state, gradient_bytes=int(params * grad_per_param))
+
+
+def _ends(lp: LayerProfile, *, first: bool, last: bool) -> LayerCost:
+    """The embedding and/or head a boundary stage holds besides its blocks."""
+    pieces = ([lp.embed] if first else []) + ([lp.head] if last else [])
+    return LayerCost(
+        fixed_s=sum(c.fixed_s for c in pieces),
+        per_sample_s=sum(c.per_sample_s for c in pieces),
+        static_bytes=sum(c.static_bytes for c in pieces),
+        per_sample_bytes=sum(c.per_sample_bytes for c in pieces),
+    )
+
+
+def exchange_s(*, first: bool, last: bool) -> float:
+    """Per-micro-batch message latency of a stage: two messages per neighbour.
+
+    >>> exchange_s(first=True, last=True), exchange_s(first=True, last=False)
+    (0.0, 0.002)
+    """
+    neighbours = (0 if first else 1) + (0 if last else 1)
+    return 2 * neighbours * P2P_LATENCY_S
+
+
+def block_option(lp: LayerProfile, recompute: Recompute) -> Option:
+    """The block's figures under ``recompute``; PlanError if the profile lacks them."""
+    for option in lp.block.options():
+        if option.recompute == recompute:
+            return option
+    raise PlanError(f"profile: no block figures for {recompute} recomputation")
+
+
+def stage_time_s(
+    lp: LayerProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    first: bool,
+    last: bool,
+    recompute: Recompute = "none",
+) -> float:
+    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks."""
+    ends = _ends(lp, first=first, last=last)
+    block = block_option(lp, recompute)
+    return (
+        ends.fixed_s
+        + num_blocks * block.fixed_s
+        + micro_batch * (ends.per_sample_s + num_blocks * block.per_sample_s)
+    )
+
+
+def stage_bytes(
+    lp: LayerProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int = 0,
+    recompute: Recompute = "none",
+) -> int:
+    """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations,
+    plus one block's while it is recomputed."""
+    ends = _ends(lp, first=first, last=last)
+    block = block_option(lp, recompute)
+    states = ends.static_bytes + num_blocks * lp.block.static_bytes
+    if last and not first:
+        states += tied_state_bytes
+    act = ends.per_sample_bytes + num_blocks * block.per_sample_bytes
+    transient = block.transient_bytes_per_sample if num_blocks else 0
+    return states + in_flight * micro_batch * act + micro_batch * transient
+
+
+def layers_of(device: DeviceProfile) -> LayerProfile:
+    if device.layers is None:
+        raise PlanError(
+            f"profile: device {device.id} has no per-layer figures ('layers'); "
+            "re-profile, or plan with dp"
+        )
+    return device.layers
+
+
+def in_flight_1f1b(num_stages: int, num_micro_batches: int | None) -> list[int]:
+    """Micro-batches whose activations stage ``s`` holds at once under 1F1B.
+
+    >>> in_flight_1f1b(4, 8), in_flight_1f1b(4, 2), in_flight_1f1b(3, None)
+    ([4, 3, 2, 1], [2, 2, 2, 1], [3, 2, 1])
+    """
+    m = num_micro_batches if num_micro_batches is not None else num_stages
+    return [min(num_stages - s, m) for s in range(num_stages)]
+
+
+# --- the exact partition for a fixed order ---------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stage:
+    device: DeviceProfile
+    first: int
+    last: int
+    """Blocks ``[first, last)``."""
+    time_s: float
+    """Forward + backward of one (largest) micro-batch, plus its messages (:func:`exchange_s`)."""
+    peak_bytes: int
+    recompute: Recompute = "none"
+    """How its blocks keep activations (module docstring)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chain:
+    """A partitioned pipeline: its stages in order and their micro-batch size."""
+
+    stages: tuple[Stage, ...]
+    micro_batch: int
+
+    @property
+    def slowest_s(self) -> float:
+        return max(s.time_s for s in self.stages)
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.time_s for s in self.stages)
+
+    def compute_s(self, num_micro_batches: int) -> float:
+        """1F1B step time without communication (module docstring)."""
+        if num_micro_batches <= 0:
+            return 0.0
+        return self.total_s + (num_micro_batches - 1) * self.slowest_s
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_modes(
+    block: LayerCost,
+) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray, FloatArray, FloatArray]:
+    """A block's modes as columns, less recomputation first (``argmin`` keeps it on ties):
+    mode indices, then fixed_s, per_sample_s, kept and transient bytes, each ``(modes, 1)``.
+    Memoised by the block's figures (read-only arrays): a plan partitions the same
+    figures thousands of times."""
+    options = block.options()
+
+    def column(values: list[float]) -> FloatArray:
+        out = np.array(values, dtype=np.float64)[:, None]
+        out.setflags(write=False)  # shared by every caller of the cache
+        return out
+
+    modes = np.array([RECOMPUTE_MODES.index(o.recompute) for o in options], dtype=np.int64)
+    modes.setflags(write=False)
+    return (
+        modes,
+        column([o.fixed_s for o in options]),
+        column([o.per_sample_s for o in options]),
+        column([o.per_sample_bytes for o in options]),
+        column([o.transient_bytes_per_sample for o in options]),
+    )
+
+
+def _stage_arrays(
+    device: DeviceProfile,
+    num_blocks: int,
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int,
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Time of this stage for 0..num_blocks blocks with its fastest mode that fits memory
+    (``∞`` where none does), and that mode's index in :data:`RECOMPUTE_MODES`."""
+    lp = layers_of(device)
+    modes, fixed, per_sample, kept, transient = _block_modes(lp.block)
+    k = np.arange(num_blocks + 1, dtype=np.float64)[None, :]  # (1, K+1)
+    ends = _ends(lp, first=first, last=last)
+    time = (
+        ends.fixed_s
+        + k * fixed
+        + micro_batch * (ends.per_sample_s + k * per_sample)
+        + exchange_s(first=first, last=last)
+    )  # (modes, K+1)
+    states = ends.static_bytes + k * lp.block.static_bytes
+    if last and not first:
+        states = states + tied_state_bytes
+    mem = (
+        states
+        + in_flight * micro_batch * (ends.per_sample_bytes + k * kept)
+        + micro_batch * np.where(k > 0, transient, 0.0)
+    )
+    time = np.where(mem > device.capacity_bytes, INF, time)
+    chosen = time.argmin(axis=0)
+    best = np.asarray(time.min(axis=0), dtype=np.float64)
+    mode = modes[chosen]
+    if not first and not last:
+        best[0] = INF  # a middle stage without blocks would only forward tensors
+    return best, mode
+
+
+def partition(
+    devices: Sequence[DeviceProfile],
+    *,
+    micro_batch: int,
+    in_flight: Sequence[int],
+    tied_state_bytes: int = 0,
+) -> Chain | None:
+    """Blocks per stage for ``devices`` in this order minimising the slowest stage.
+
+    Exact (module docstring); ``None`` when no split fits memory.
+    """
+    p = len(devices)
+    num_blocks = layers_of(devices[0]).num_blocks
+    for d in devices:
+        if layers_of(d).num_blocks != num_blocks:
+            raise PlanError(
+                f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
+                f"{devices[0].id} has {num_blocks}"
+            )
+    arrays = [
+        _stage_arrays(
+            d,
+            num_blocks,
+            micro_batch,
+            in_flight=in_flight[s],
+            first=s == 0,
+            last=s == p - 1,
+            tied_state_bytes=tied_state_bytes,
+        )
+        for s, d in enumerate(devices)
+    ]
+    costs = [time for time, _ in arrays]
+    i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
+    span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
+    valid = span >= 0
+    span_c = np.where(valid, span, 0)
+
+    def step(prev: FloatArray, cost: FloatArray) -> FloatArray:
+        c = np.where(valid, cost[span_c], INF)
+        return np.asarray(np.maximum(prev[:, None], c).min(axis=0), dtype=np.float64)
+
+    # Pass 1: the min-max value T*.
+    f = np.full(num_blocks + 1, INF)
+    f[:] = costs[0]  # stage 0 covers [0, j)
+    for s in range(1, p):
+        f = step(f, costs[s])
+    best = float(f[num_blocks])
+    if p == 1:
+        best = float(costs[0][num_blocks])
+    if not math.isfinite(best):
+        return None
+    # Pass 2: least total time among splits whose every stage is within T*.
+    limit = best * (1 + 1e-12) + 1e-18
+    capped = [np.where(c <= limit, c, INF) for c in costs]
+    g = capped[0].copy()
+    choice: list[npt.NDArray[np.int64]] = []
+    for s in range(1, p):
+        c = np.where(valid, capped[s][span_c], INF)
+        total = g[:, None] + c
+        choice.append(np.asarray(total.argmin(axis=0), dtype=np.int64))
+        g = np.asarray(total.min(axis=0), dtype=np.float64)
+    bounds = [num_blocks]
+    for s in range(p - 1, 0, -1):
+        bounds.append(int(choice[s - 1][bounds[-1]]))
+    bounds.append(0)
+    bounds.reverse()
+    if p == 1:
+        bounds = [0, num_blocks]
+    stages = []
+    for s, d in enumerate(devices):
+        first_blk, last_blk = bounds[s], bounds[s + 1]
+        lp = layers_of(d)
+        flags = {"first": s == 0, "last": s == p - 1}
+        recompute = RECOMPUTE_MODES[int(arrays[s][1][last_blk - first_blk])]
+        stages.append(
+            Stage(
+                device=d,
+                first=first_blk,
+                last=last_blk,
+                time_s=stage_time_s(
+                    lp, last_blk - first_blk, micro_batch, recompute=recompute, **flags
+                )
+                + exchange_s(**flags),
+                peak_bytes=stage_bytes(
+                    lp,
+                    last_blk - first_blk,
+                    micro_batch,
+                    in_flight=in_flight[s],
+                    tied_state_bytes=tied_state_bytes,
+                    recompute=recompute,
+                    **flags,
+                ),
+                recompute=recompute,
+            )
+        )
+    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+
+
+# --- communication ---------------------------------------------------------
+
+
+def link_gbps(links: Links, a: DeviceProfile, b: DeviceProfile) -> float:
+    return links.intra_node_gbps if a.node == b.node else links.inter_node_gbps
+
+
+def transfer_s(num_bytes: float, gbps: float) -> float:
+    return num_bytes * 8 / (gbps * 1e9)
+
+
+def boundary_s(chain: Chain, links: Links) -> float:
+    """Activations forward and gradients backward once across every boundary."""
+    total = 0.0
+    for a, b in zip(chain.stages, chain.stages[1:], strict=False):
+        lp = layers_of(a.device)
+        total += 2 * transfer_s(
+            chain.micro_batch * lp.boundary_bytes_per_sample, link_gbps(links, a.device, b.device)
+        )
+    return total
+
+
+def tied_sync_s(chain: Chain, links: Links, tied: Tied) -> float:
+    """All-reduce of the tied embedding gradient between the first and the last stage."""
+    if len(chain.stages) < 2 or tied.gradient_bytes == 0:
+        return 0.0
+    a, b = chain.stages[0].device, chain.stages[-1].device
+    return ring_allreduce_s(2, tied.gradient_bytes, link_gbps(links, a, b))
