@@ -70,6 +70,11 @@ class JobRecord:
     def terminal(self) -> bool:
         return self.state.terminal
 
+    @property
+    def pinned(self) -> bool:
+        """It named its devices: it runs on exactly those, and the policy never moves it."""
+        return self.spec.devices is not None
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepRecord:

@@ -1,37 +1,9 @@
-"""The job executor: scheduling rounds, device allocation, profile, plan, train.
+"""The job executor: scheduling rounds that decide which devices each job holds.
 
-One dispatcher thread runs a scheduling round whenever something changes (a
-job is submitted, finishes, fails, stops, or hands devices over) and every
-``round_s``. A round asks the service's policy (``HETSCHED_POLICY``:
-``fifo``, ``fair`` or the default ``goodput``, :mod:`scheduler.policy.decide`) which
-devices every running and waiting job should hold, from each job's planned
-rate on candidate device sets (measured profiles when the store has them,
-catalogue figures otherwise; :mod:`api.execution.scheduling`), and applies it:
-
-- a waiting job starts on the devices it was given once they are free;
-- a running job given other devices (more, fewer, or different ones) is
-  asked to stop after its current step with a checkpoint, hands its devices
-  over, waits until its new ones are free, and goes on from that checkpoint,
-  re-planned for the same global batch on them; an ``allocation`` event on
-  the job records the old and new devices and the policy's reason (so does
-  its start);
-- no job is starved: waiting jobs age (the policy's ``max_wait_s``), and
-  ``fifo`` reserves the devices of the job first in line.
-
-A job that names its devices is pinned: it runs on exactly those, never
-moves, and goes ahead of the policy's jobs for them; while it waits it
-reserves those that are free, so it cannot be starved either. (Under ``fifo``
-it also waits behind an older job still waiting, as the queue always did.)
-Each started job gets its own runner thread (:mod:`api.execution.job_runner`): profile
-(cached), plan, then durable training that writes every step to the store,
-checkpoints, recovers from failed devices and follows speed changes; ``POST
-/jobs/{id}/stop`` is honoured between steps.
-
-Jobs run on the cluster handle's warm device workers (:mod:`workers.cluster.pool`),
-started in the background when the executor starts. On shutdown running jobs
-are asked to stop (they checkpoint where they stop) but left RUNNING in the
-store; the next start resumes every RUNNING job on its devices from its last
-checkpoint, before any queued job, with a ``restart`` event saying so.
+One dispatcher thread asks the service's policy (:mod:`scheduler.policy.decide`)
+whenever something changes and every ``round_s``, and applies its answer;
+the devices themselves change hands through :class:`~api.execution.ledger.DeviceLedger`,
+and each started job runs in a thread of its own (:mod:`api.execution.job_runner`).
 """
 
 from __future__ import annotations
@@ -43,17 +15,25 @@ from datetime import UTC, datetime
 
 from api.core.settings import Settings
 from api.execution.job_runner import JobRunner, LiveJob
-from api.execution.scheduling import Demands, Schedule, ScheduledJob
+from api.execution.ledger import DeviceLedger
+from api.execution.scheduling import (
+    PINNED,
+    Demands,
+    Schedule,
+    ScheduledJob,
+    pinned_reason,
+    running_row,
+)
 from api.services import ClusterHandle, Profiler
 from api.states import JobState
 from api.store import FAILED, STOPPED, SUCCEEDED, JobRecord, JobStore
 from scheduler.errors import HetschedError
+from scheduler.hardware.cluster import Cluster
 from scheduler.policy.decide import decide
 from scheduler.policy.types import Allocation, JobDemand, PolicySettings
 
 log = logging.getLogger("hetsched.executor")
 POLL_S = 1.0
-HANDOVER_POLL_S = 0.2
 ARRIVAL_GRACE_S = 0.3
 """A round waits until no wake came for this long (at most ``ARRIVAL_MAX_S``), so jobs
 submitted together are decided together."""
@@ -61,6 +41,23 @@ ARRIVAL_MAX_S = 2.0
 
 
 class Executor:
+    """Owns the scheduling rounds and each started job's thread.
+
+    A round asks the policy (``HETSCHED_POLICY``: ``fifo``, ``fair`` or ``goodput``)
+    which devices every running and waiting job should hold, from each job's planned
+    rate on candidate device sets (:mod:`api.execution.scheduling`), and applies it:
+    a waiting job starts once its devices are free; a running job given other
+    devices checkpoints, hands its devices over, and goes on from that checkpoint
+    re-planned on its new ones. Waiting jobs age (the policy's ``max_wait_s``), so
+    none is starved. An ``allocation`` event on the job records every start and move.
+
+    A job whose spec names its devices is pinned (:attr:`JobRecord.pinned`): it runs
+    on exactly those, never moves, and goes ahead of the policy's jobs for them; while
+    it waits it reserves those that are free (under ``fifo`` it also waits behind an
+    older waiting job). On shutdown running jobs stop at a checkpoint but stay RUNNING
+    in the store; the next start resumes each on its devices, before any queued job.
+    """
+
     def __init__(
         self, *, store: JobStore, handle: ClusterHandle, profiler: Profiler, settings: Settings
     ) -> None:
@@ -71,11 +68,9 @@ class Executor:
         self.policy = settings.policy
         self.policy_settings = PolicySettings(reallocation_s=settings.reallocation_s)
         self.demands = Demands(store=store, data_dir=settings.data_dir)
-        self._lock = threading.Lock()
-        self._live: dict[str, LiveJob] = {}
-        self._handover = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self.ledger = DeviceLedger(on_release=self._wake.set)
         self._thread: threading.Thread | None = None
         self._schedule = Schedule(policy=self.policy, round_s=settings.round_s)
         self.runner = JobRunner(
@@ -83,8 +78,8 @@ class Executor:
             handle=handle,
             profiler=profiler,
             settings=settings,
-            release=self._release,
-            claim=self._claim,
+            release=self.ledger.release,
+            claim=self.ledger.claim,
         )
 
     # --- lifecycle --------------------------------------------------------------
@@ -92,7 +87,10 @@ class Executor:
     def start(self) -> None:
         for job in self.store.running():  # the service restarted while these ran: resume them
             devices = job.devices or job.spec.devices or []
-            self._launch(job, devices, resume=True, pinned=job.spec.devices is not None)
+            if not devices and self.handle.cluster is not None:
+                devices = self.handle.cluster.ids
+            live = self.ledger.resume(job.id, devices, pinned=job.pinned)
+            self._thread_for(job, live, resume=True)
         self._thread = threading.Thread(target=self._loop, name="hetsched-dispatch", daemon=True)
         self._thread.start()
         # Warm every device's worker in the background: the first job then starts warm.
@@ -101,12 +99,7 @@ class Executor:
     def shutdown(self, timeout_s: float = 30.0) -> None:
         self._closing.set()
         self._wake.set()
-        with self._lock:
-            live = list(self._live.values())
-            self._handover.notify_all()
-        for job in live:
-            job.stop.set()
-        for job in live:
+        for job in self.ledger.close():
             if job.thread is not None:
                 job.thread.join(timeout_s)
         if self._thread is not None:
@@ -116,21 +109,16 @@ class Executor:
         self._wake.set()
 
     def request_stop(self, job_id: str) -> None:
-        with self._lock:
-            job = self._live.get(job_id)
-            self._handover.notify_all()
-        if job is not None:
-            job.stop.set()
+        self.ledger.stop(job_id)
 
     # --- what is running -----------------------------------------------------------
 
     def busy_devices(self) -> dict[str, str]:
-        with self._lock:
-            return {d: job.job_id for job in self._live.values() for d in job.devices}
+        """Device id -> id of the job running on it."""
+        return self.ledger.holders()
 
     def live(self) -> list[LiveJob]:
-        with self._lock:
-            return list(self._live.values())
+        return self.ledger.jobs()
 
     def schedule(self) -> Schedule:
         """The latest round's decision (``GET /api/v1/schedule``)."""
@@ -168,51 +156,40 @@ class Executor:
             for job in pending:
                 self._wait(job, f"waiting: cluster unavailable ({self.handle.message})")
             return
-        lost = self.handle.pool.lost() if self.handle.pool is not None else set()
-        with self._lock:
-            live = list(self._live.values())
-        held = {d: j.job_id for j in live for d in j.devices}
-        rows: list[ScheduledJob] = []
-        blocked = set(lost)  # lost, and reserved by (or started for) pinned waiting jobs
-        waiting_unpinned = [j for j in pending if j.spec.devices is None]
-        for job in pending:
-            if job.spec.devices is not None:
-                rows.append(self._pinned(job, held, blocked, waiting_unpinned))
-        with self._lock:
-            live = list(self._live.values())
+        waiting = [j for j in pending if not j.pinned]
+        # lost, and reserved by (or started for) pinned waiting jobs
+        blocked = self._lost()
+        held = self.ledger.holders()
+        rows = [self._pinned(j, held, blocked, waiting) for j in pending if j.pinned]
+        live = self.ledger.jobs()
         # fifo sees pinned jobs as jobs that keep their devices, so a job wanting the whole
         # cluster waits for them as it always did; the other policies share what is left.
-        pinned = [j for j in live if j.pinned]
         if self.policy != "fifo":
-            blocked |= {d for j in pinned for d in j.granted}
+            blocked |= {d for j in live if j.pinned for d in j.granted}
         shared_ids = [d for d in cluster.ids if d not in blocked]
         shared = [j for j in live if self.policy == "fifo" or not j.pinned]
         if not shared_ids:
-            for job in waiting_unpinned:
-                why = "every device is lost or held by jobs that named their devices"
+            why = "every device is lost or held by jobs that named their devices"
+            for job in waiting:
                 self._wait(job, f"waiting for devices: {why}")
-                rows.append(self._row(job, "waiting", (), (), 0.0, why))
-            self._publish(rows, live, "", {})
+                rows.append(ScheduledJob.of(job, "waiting", reason=why))
+        if not shared_ids or (all(j.pinned for j in shared) and not waiting):
+            self._publish(rows, live)
             return
-        if not [j for j in shared if not j.pinned] and not waiting_unpinned:
-            self._publish(rows, live, "", {})
-            return
+        self._share(cluster, cluster.subset(shared_ids), shared, waiting, rows, live)
+
+    def _share(
+        self,
+        cluster: Cluster,
+        sub: Cluster,
+        shared: list[LiveJob],
+        waiting: list[JobRecord],
+        rows: list[ScheduledJob],
+        live: list[LiveJob],
+    ) -> None:
+        """Let the policy share ``sub`` (of ``cluster``) among ``shared`` and ``waiting`` jobs."""
         records = {j.job_id: self.store.get(j.job_id) for j in shared}
-        sub = cluster.subset(shared_ids)
-        demands: list[JobDemand] = []
-        present = set(shared_ids)
-        for lj in shared:
-            record = records[lj.job_id]
-            have = tuple(d for d in (lj.granted or lj.devices) if d in present)
-            if record is not None and have:
-                demands.append(
-                    self.demands.demand(record, held=have, steps_done=lj.steps_done, cluster=sub)
-                )
-        for job in waiting_unpinned:
-            try:
-                demands.append(self.demands.demand(job, held=(), steps_done=0, cluster=sub))
-            except HetschedError as exc:  # cannot happen for a job the API accepted
-                self._wait(job, f"waiting: {exc}")
+        demands = self._demands(sub, shared, records, waiting)
         self._measure(demands, idle=not live)
         allocation = decide(
             sub,
@@ -224,13 +201,40 @@ class Executor:
         for lj in shared:
             if not lj.pinned:
                 self._steer(lj, allocation)
-        by_id = {j.id: j for j in waiting_unpinned}
+        by_id = {j.id: j for j in waiting}
         for demand in demands:
             queued = by_id.get(demand.name)
             if queued is not None:
                 rows.append(self._place(queued, allocation))
         sources = {d.model: self.demands.source(d.model) for d in demands}
-        self._publish(rows, live, allocation.solver, sources, allocation, records)
+        self._publish(rows, live, allocation, sources, records)
+
+    def _demands(
+        self,
+        sub: Cluster,
+        shared: list[LiveJob],
+        records: dict[str, JobRecord | None],
+        waiting: list[JobRecord],
+    ) -> list[JobDemand]:
+        """What each running and waiting job asks of the policy on ``sub``."""
+        demands: list[JobDemand] = []
+        present = set(sub.ids)
+        for lj in shared:
+            record = records[lj.job_id]
+            have = tuple(d for d in (lj.granted or lj.devices) if d in present)
+            if record is not None and have:
+                demands.append(
+                    self.demands.demand(record, held=have, steps_done=lj.steps_done, cluster=sub)
+                )
+        for job in waiting:
+            try:
+                demands.append(self.demands.demand(job, held=(), steps_done=0, cluster=sub))
+            except HetschedError as exc:  # cannot happen for a job the API accepted
+                self._wait(job, f"waiting: {exc}")
+        return demands
+
+    def _lost(self) -> set[str]:
+        return self.handle.pool.lost() if self.handle.pool is not None else set()
 
     def _measure(self, demands: list[JobDemand], *, idle: bool) -> None:
         """Use measured rates for each model; on an idle cluster, measure it first (cached)."""
@@ -245,7 +249,7 @@ class Executor:
                 continue
             try:
                 model = self.demands.model_of(record)[1]
-                lost = self.handle.pool.lost() if self.handle.pool is not None else set()
+                lost = self._lost()
                 self.profiler.measure(model, [d for d in cluster.ids if d not in lost])
             except Exception as exc:  # the policy falls back on catalogue figures
                 log.warning("could not measure %s for scheduling: %s", name, exc)
@@ -257,12 +261,13 @@ class Executor:
         job: JobRecord,
         held: dict[str, str],
         blocked: set[str],
-        waiting_unpinned: list[JobRecord],
+        waiting: list[JobRecord],
     ) -> ScheduledJob:
+        """Start a pinned job if its devices are free; otherwise it reserves them."""
         wanted = list(job.spec.devices or [])
         taken = {d: held[d] for d in wanted if d in held}
         reserved = [d for d in wanted if d in blocked and d not in taken]
-        ahead = [o for o in waiting_unpinned if o.created_at < job.created_at]
+        ahead = [o for o in waiting if o.created_at < job.created_at]
         if self.policy == "fifo" and ahead:
             why = f"waiting for job {ahead[0].id} (first in line)"
         elif taken:
@@ -275,152 +280,84 @@ class Executor:
         if why:
             blocked.update(wanted)  # reserved: the policy's jobs cannot take them from it
             self._wait(job, why)
-            return self._row(job, "waiting", (), tuple(wanted), 0.0, why)
-        reason = f"pinned: runs on the {len(wanted)} device(s) it named"
-        if not self._start(job, wanted, reason=reason, pinned=True):
-            return self._row(job, "waiting", (), tuple(wanted), 0.0, "starting")
+            return ScheduledJob.of(job, "waiting", devices=tuple(wanted), reason=why)
+        reason = pinned_reason(len(wanted))
+        if not self._start(job, wanted, reason=reason):
+            return ScheduledJob.of(job, "waiting", devices=tuple(wanted), reason="starting")
         for d in wanted:
             held[d] = job.id
-        return self._row(job, "pinned", tuple(wanted), tuple(wanted), 0.0, reason)
+        return ScheduledJob.of(
+            job, PINNED, held=tuple(wanted), devices=tuple(wanted), reason=reason
+        )
 
     def _place(self, job: JobRecord, allocation: Allocation) -> ScheduledJob:
+        """Start a waiting job where the policy put it, once those devices are free."""
         ids = list(allocation.devices.get(job.id, ()))
         reason = allocation.reasons.get(job.id, "")
         rate = allocation.samples_per_s.get(job.id, 0.0)
         if not ids:
             self._wait(job, f"waiting for devices ({self.policy}): {reason}")
-            return self._row(job, "waiting", (), (), 0.0, reason)
+            return ScheduledJob.of(job, "waiting", reason=reason)
         if not self._start(job, ids, reason=reason, rate=rate):
-            holders = self.busy_devices()
+            holders = self.ledger.holders()
             moving = sorted({holders[d] for d in ids if d in holders})
             why = f"waiting for {', '.join(moving)} to hand over its devices ({reason})"
             self._wait(job, f"waiting for devices: job {why}")
-            return self._row(job, "waiting", (), tuple(ids), rate, why)
-        return self._row(job, "running", tuple(ids), tuple(ids), rate, reason)
+            return ScheduledJob.of(job, "waiting", devices=tuple(ids), rate=rate, reason=why)
+        return ScheduledJob.of(
+            job, "running", held=tuple(ids), devices=tuple(ids), rate=rate, reason=reason
+        )
 
     def _steer(self, live: LiveJob, allocation: Allocation) -> None:
         """Tell a running job whether the policy moves it, and where."""
         ids = list(allocation.devices.get(live.job_id, ()))
         if not ids:
             return  # the policies never preempt a running job; nothing to do
-        same_as = {frozenset(live.granted), frozenset(live.devices)}
-        if frozenset(ids) in same_as and live.move_to is None:
-            live.granted = ids
-            return
-        if live.move.is_set() and not live.devices:
-            live.move_to = ids  # parked: it takes the latest decision
-            live.move_reason = allocation.reasons.get(live.job_id, "")
-            return
-        if frozenset(ids) in same_as:  # the policy changed its mind before the move
-            live.move_to, live.move_reason = None, ""
-            live.move.clear()
-            return
-        if live.move_to != ids:
-            live.move_to = ids
-            live.move_reason = allocation.reasons.get(live.job_id, "")
+        reason = allocation.reasons.get(live.job_id, "")
+        if self.ledger.steer(live, ids, reason):
             self.store.log(
                 live.job_id,
                 "INFO",
-                f"{self.policy}: moving to {', '.join(ids)} at the next step: {live.move_reason}",
+                f"{self.policy}: moving to {', '.join(ids)} at the next step: {reason}",
             )
-            live.move.set()
 
     def _publish(
         self,
         rows: list[ScheduledJob],
         live: list[LiveJob],
-        solver: str,
-        sources: dict[str, str],
         allocation: Allocation | None = None,
+        sources: dict[str, str] | None = None,
         records: dict[str, JobRecord | None] | None = None,
     ) -> None:
+        """Keep the round's decision for ``GET /schedule``: ``rows`` and every running job."""
         records = records or {}
         for lj in live:
             record = records.get(lj.job_id) or self.store.get(lj.job_id)
-            if record is None:
-                continue
-            if lj.pinned:
-                why = f"pinned: runs on the {len(lj.granted)} device(s) it named"
-                rows.append(
-                    self._row(record, "pinned", tuple(lj.devices), tuple(lj.granted), 0.0, why)
-                )
-                continue
-            target = lj.move_to if lj.move_to is not None else lj.granted
-            reason = lj.move_reason if lj.move_to is not None else ""
-            rate = 0.0
-            if allocation is not None:
-                reason = reason or allocation.reasons.get(lj.job_id, "")
-                rate = allocation.samples_per_s.get(lj.job_id, 0.0)
-            status = "moving" if lj.move.is_set() else "running"
-            rows.append(self._row(record, status, tuple(lj.devices), tuple(target), rate, reason))
+            if record is not None:
+                rows.append(running_row(record, lj, allocation))
         self._schedule = Schedule(
             policy=self.policy,
             round_s=self.settings.round_s,
             decided_at=datetime.now(UTC),
-            solver=solver,
-            rates=sources,
+            solver=allocation.solver if allocation is not None else "",
+            rates=sources or {},
             jobs=tuple(rows),
-        )
-
-    @staticmethod
-    def _row(
-        job: JobRecord,
-        status: str,
-        held: tuple[str, ...],
-        devices: tuple[str, ...],
-        rate: float,
-        reason: str,
-    ) -> ScheduledJob:
-        waiting = status == "waiting"
-        return ScheduledJob(
-            job_id=job.id,
-            name=job.name,
-            status=status,  # type: ignore[arg-type]
-            held=held,
-            devices=devices,
-            samples_per_s=rate,
-            reason=reason,
-            priority=job.spec.priority,
-            waiting_s=(datetime.now(UTC) - job.created_at).total_seconds() if waiting else 0.0,
         )
 
     # --- starting and moving --------------------------------------------------------
 
-    def _start(
-        self,
-        job: JobRecord,
-        devices: list[str],
-        *,
-        reason: str,
-        rate: float = 0.0,
-        pinned: bool = False,
-    ) -> bool:
+    def _start(self, job: JobRecord, devices: list[str], *, reason: str, rate: float = 0.0) -> bool:
         """Start ``job`` on ``devices`` if none is held; False otherwise (or stopped)."""
-        with self._lock:
-            if any(d in self._live_held() for d in devices):
-                return False
-            live = self._new_live(job, devices, pinned=pinned)
+        live = self.ledger.admit(job.id, devices, pinned=job.pinned)
+        if live is None:
+            return False
         if not self.store.start(job.id, list(devices)):
-            with self._lock:
-                self._live.pop(job.id, None)
+            self.ledger.remove(job.id)
             return False  # stopped meanwhile
         self.store.log(job.id, "INFO", f"started on {', '.join(devices)}")
-        self._allocated(job.id, step=0, old=[], new=devices, reason=reason, rate=rate)
+        self._allocated(live, step=0, old=(), new=tuple(devices), reason=reason, rate=rate)
         self._thread_for(job, live, resume=False)
         return True
-
-    def _launch(self, job: JobRecord, devices: list[str], *, resume: bool, pinned: bool) -> None:
-        """Run ``job`` on ``devices`` in a thread of its own (a resumed job)."""
-        if not devices and self.handle.cluster is not None:
-            devices = self.handle.cluster.ids
-        with self._lock:
-            live = self._new_live(job, devices, pinned=pinned)
-        self._thread_for(job, live, resume=resume)
-
-    def _new_live(self, job: JobRecord, devices: list[str], *, pinned: bool) -> LiveJob:
-        live = LiveJob(job_id=job.id, devices=list(devices), pinned=pinned, granted=list(devices))
-        self._live[job.id] = live
-        return live
 
     def _thread_for(self, job: JobRecord, live: LiveJob, *, resume: bool) -> None:
         live.thread = threading.Thread(
@@ -428,19 +365,23 @@ class Executor:
         )
         live.thread.start()
 
-    def _live_held(self) -> set[str]:
-        return {d for j in self._live.values() for d in j.devices}
-
     def _allocated(
-        self, job_id: str, *, step: int, old: list[str], new: list[str], reason: str, rate: float
+        self,
+        live: LiveJob,
+        *,
+        step: int,
+        old: tuple[str, ...],
+        new: tuple[str, ...],
+        reason: str,
+        rate: float,
     ) -> None:
         """An ``allocation`` event: the job's allocation history on its page."""
         self.store.add_event(
-            job_id,
+            live.job_id,
             kind="allocation",
             step=step,
             data={
-                "policy": "pinned" if reason.startswith("pinned") else self.policy,
+                "policy": PINNED if live.pinned else self.policy,
                 "from": list(old),
                 "to": list(new),
                 "reason": reason,
@@ -448,35 +389,19 @@ class Executor:
             },
         )
 
-    def _park(self, live: LiveJob) -> bool:
-        """Hand the job's devices over and wait until its new ones are free; False: stop."""
-        with self._lock:
-            old = list(live.devices)
-            live.devices = []
-            self._handover.notify_all()
-        self._wake.set()
-        while True:
-            with self._lock:
-                if live.stop.is_set() or self._closing.is_set():
-                    live.devices = []
-                    return False
-                target = live.move_to
-                if target and not (set(target) & self._live_held()):
-                    live.devices, live.granted = list(target), list(target)
-                    reason = live.move_reason
-                    live.move_to, live.move_reason = None, ""
-                    live.move.clear()
-                    break
-                self._handover.wait(HANDOVER_POLL_S)
-        self._wake.set()
+    def _move(self, live: LiveJob) -> bool:
+        """Hand the job's devices over and take its new ones; False: it was stopped."""
+        move = self.ledger.park(live)
+        if move is None:
+            return False
         self.store.log(
             live.job_id,
             "INFO",
-            f"{self.policy}: moved from {', '.join(old)} to {', '.join(target)} "
+            f"{self.policy}: moved from {', '.join(move.old)} to {', '.join(move.new)} "
             f"at step {live.steps_done}",
         )
         self._allocated(
-            live.job_id, step=live.steps_done, old=old, new=target, reason=reason, rate=0.0
+            live, step=live.steps_done, old=move.old, new=move.new, reason=move.reason, rate=0.0
         )
         return True
 
@@ -495,11 +420,8 @@ class Executor:
             log.exception("job %s crashed", job.id)
             state, message = FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
-            with self._lock:
-                self._live.pop(job.id, None)
-                self._handover.notify_all()
             self.demands.forget(job.id)
-            self._wake.set()
+            self.ledger.remove(job.id)
         if state is None:
             return  # shutting down: left RUNNING for the restart to report
         if self.store.finish(job.id, state, message):
@@ -516,21 +438,9 @@ class Executor:
                 return SUCCEEDED, f"finished {job.spec.steps} steps"
             if live.stop.is_set() or not live.move.is_set():
                 return self._stopped(live.steps_done)
-            if not self._park(live):
+            if not self._move(live):
                 return self._stopped(live.steps_done)
             moved = True
-
-    def _claim(self, live: LiveJob, wanted: list[str]) -> list[str]:
-        with self._lock:
-            taken = {d for job in self._live.values() if job is not live for d in job.devices}
-            live.devices = [d for d in wanted if d not in taken]
-            return list(live.devices)
-
-    def _release(self, live: LiveJob, keep: list[str]) -> None:
-        with self._lock:
-            live.devices = keep
-            self._handover.notify_all()
-        self._wake.set()
 
     def _check_stop(self, job_id: str, live: LiveJob) -> None:
         """Pick up a stop request stored before this job's event existed."""
@@ -538,7 +448,7 @@ class Executor:
         if record is not None and record.stop_requested:
             live.stop.set()
 
-    def _stopped(self, steps_done: int) -> tuple[str | None, str]:
+    def _stopped(self, steps_done: int) -> tuple[JobState | None, str]:
         if self._closing.is_set():
             return None, ""
         return STOPPED, f"stopped on request after {steps_done} steps"

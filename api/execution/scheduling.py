@@ -1,25 +1,20 @@
 """What the executor hands the scheduling policy, and what it keeps of its decisions.
 
-The policy (:func:`scheduler.policy.decide.decide`) is pure; this module is the
-service's side of it: a job record becomes a
-:class:`~scheduler.policy.types.JobDemand`, the rates come from one
-:class:`~scheduler.policy.rates.PlannedRates` per cluster fed with measured
-profiles where the store has them (analytic catalogue figures otherwise), and
-each round leaves a :class:`Schedule` that ``GET /api/v1/schedule`` shows.
-
-Measured figures are used for a model only when they cover every device type
-of the cluster: a rate mixing paced simulated measurements with catalogue
-figures would compare numbers of different scales.
+A job record becomes a :class:`~scheduler.policy.types.JobDemand`; the rates come from
+one :class:`~scheduler.policy.rates.PlannedRates` per cluster, measured where the
+store has profiles (:class:`Demands`); each round leaves a :class:`Schedule`, which
+``GET /api/v1/schedule`` shows.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
+from api.execution.job_runner import LiveJob
 from api.schemas.jobs import JobCreate
 from api.services import model_from_ref, model_key
 from api.store import JobRecord, JobStore
@@ -28,9 +23,15 @@ from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster
 from scheduler.models.presets import PRESETS, ModelPreset
 from scheduler.policy.rates import PlannedRates
-from scheduler.policy.types import JobDemand
+from scheduler.policy.types import Allocation, JobDemand
 
 JobStatus = Literal["running", "moving", "waiting", "pinned"]
+PINNED: Final = "pinned"
+"""A pinned job's status in the schedule and ``policy`` in its allocation events."""
+
+
+def pinned_reason(num_devices: int) -> str:
+    return f"pinned: runs on the {num_devices} device(s) it named"
 
 
 def check_device_counts(spec: JobCreate, num_devices: int) -> None:
@@ -71,6 +72,48 @@ class ScheduledJob:
     priority: float
     waiting_s: float
     """Seconds since it was submitted, while it waits; 0 once it runs."""
+
+    @classmethod
+    def of(
+        cls,
+        job: JobRecord,
+        status: JobStatus,
+        *,
+        held: tuple[str, ...] = (),
+        devices: tuple[str, ...] = (),
+        rate: float = 0.0,
+        reason: str,
+    ) -> ScheduledJob:
+        waiting = status == "waiting"
+        return cls(
+            job_id=job.id,
+            name=job.name,
+            status=status,
+            held=held,
+            devices=devices,
+            samples_per_s=rate,
+            reason=reason,
+            priority=job.spec.priority,
+            waiting_s=(datetime.now(UTC) - job.created_at).total_seconds() if waiting else 0.0,
+        )
+
+
+def running_row(record: JobRecord, live: LiveJob, allocation: Allocation | None) -> ScheduledJob:
+    """A running job in the round: where it is, and where the policy moves it (if it does)."""
+    held = tuple(live.devices)
+    if live.pinned:
+        why = pinned_reason(len(live.granted))
+        return ScheduledJob.of(record, PINNED, held=held, devices=tuple(live.granted), reason=why)
+    target = live.move_to if live.move_to is not None else live.granted
+    reason = live.move_reason if live.move_to is not None else ""
+    rate = 0.0
+    if allocation is not None:
+        reason = reason or allocation.reasons.get(live.job_id, "")
+        rate = allocation.samples_per_s.get(live.job_id, 0.0)
+    status: JobStatus = "moving" if live.move.is_set() else "running"
+    return ScheduledJob.of(
+        record, status, held=held, devices=tuple(target), rate=rate, reason=reason
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,8 +167,8 @@ class Demands:
         return JobDemand(
             name=job.id,
             model=name,
-            global_batch=job.global_batch,
-            steps_left=max(0, job.steps - steps_done),
+            global_batch=job.spec.global_batch,
+            steps_left=max(0, job.spec.steps - steps_done),
             priority=job.spec.priority,
             min_devices=job.spec.min_devices,
             max_devices=job.spec.max_devices,

@@ -131,7 +131,3 @@ class Allocation:
     """Job name -> one line: why it got these devices, or why it waits."""
     solver: str
     """How the decision was made: what was exact and what heuristic."""
-
-    def held_by(self) -> dict[str, str]:
-        """Device id -> job name, for every device in use."""
-        return {d: job for job, ids in self.devices.items() for d in ids}

@@ -1,0 +1,180 @@
+"""Which devices each running job holds, and how jobs hand devices to one another.
+
+The executor's rounds decide; this ledger is what makes their decisions safe
+to apply while jobs run in threads of their own. Pure threading: it is tested
+without Ray or a service (tests/api/test_ledger.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from api.execution.job_runner import LiveJob
+
+HANDOVER_POLL_S = 0.2
+"""A parked job looks again this often even without a notification (a stop event set
+by a caller that did not come through the ledger)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Handover:
+    """A parked job's move, once every device of its new allocation was free."""
+
+    old: tuple[str, ...]
+    """Devices it held when it parked."""
+    new: tuple[str, ...]
+    """Devices it holds now."""
+    reason: str
+    """The policy's reason for the move."""
+
+
+class DeviceLedger:
+    """Owns the running jobs (one :class:`LiveJob` each) and which device each holds.
+
+    A device is held by at most one job. A job is admitted only onto devices no
+    other job holds; its plan may release some of them and a recovery claim
+    free ones back. A job the policy moves is told so between steps
+    (:meth:`steer`); it checkpoints, then parks (:meth:`park`): it hands all of its
+    devices over and waits until every device of its new allocation is free.
+    Every release calls ``on_release``, so the executor runs a round and the
+    freed devices go to whoever waits for them.
+    """
+
+    def __init__(self, *, on_release: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._jobs: dict[str, LiveJob] = {}
+        self._closing = False
+        self._on_release = on_release
+
+    # --- what is held ------------------------------------------------------------
+
+    def jobs(self) -> list[LiveJob]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def holders(self) -> dict[str, str]:
+        """Device id -> id of the job that holds it."""
+        with self._lock:
+            return self._holders()
+
+    def _holders(self) -> dict[str, str]:
+        return {d: job.job_id for job in self._jobs.values() for d in job.devices}
+
+    # --- a job's start and end -----------------------------------------------------
+
+    def admit(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob | None:
+        """The job, now holding ``devices``; None when another job holds any of them."""
+        with self._lock:
+            if any(d in self._holders() for d in devices):
+                return None
+            return self._add(job_id, devices, pinned=pinned)
+
+    def resume(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob:
+        """A job the service ran before it restarted, on the devices it held then."""
+        with self._lock:
+            return self._add(job_id, devices, pinned=pinned)
+
+    def _add(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob:
+        live = LiveJob(job_id=job_id, devices=list(devices), pinned=pinned, granted=list(devices))
+        self._jobs[job_id] = live
+        return live
+
+    def remove(self, job_id: str) -> None:
+        """The job ended (or never started): its devices are free."""
+        with self._lock:
+            self._jobs.pop(job_id, None)
+            self._changed.notify_all()
+        self._on_release()
+
+    def stop(self, job_id: str) -> None:
+        """Ask the job to stop after its current step (a parked job stops at once)."""
+        with self._lock:
+            live = self._jobs.get(job_id)
+            if live is not None:
+                live.stop.set()
+            self._changed.notify_all()
+
+    def close(self) -> list[LiveJob]:
+        """Stop every job (the service shuts down); returns them, to wait for."""
+        with self._lock:
+            self._closing = True
+            live = list(self._jobs.values())
+            for job in live:
+                job.stop.set()
+            self._changed.notify_all()
+        return live
+
+    # --- while it runs: its plan and its recoveries --------------------------------
+
+    def claim(self, live: LiveJob, wanted: list[str]) -> list[str]:
+        """Of ``wanted``, those no other job holds become the job's (all it holds)."""
+        with self._lock:
+            taken = {d for job in self._jobs.values() if job is not live for d in job.devices}
+            live.devices = [d for d in wanted if d not in taken]
+            return list(live.devices)
+
+    def release(self, live: LiveJob, keep: list[str]) -> None:
+        """The job keeps only ``keep``; the rest go back to the queue."""
+        with self._lock:
+            live.devices = list(keep)
+            self._changed.notify_all()
+        self._on_release()
+
+    # --- moves ---------------------------------------------------------------------
+
+    def steer(self, live: LiveJob, devices: list[str], reason: str) -> bool:
+        """Apply the policy's latest allocation for a running job.
+
+        True when it asks the job for a new move (the caller says so in the job's
+        log); a job already parked just takes the latest decision, and one whose
+        allocation came back to what it has before it moved stays.
+        """
+        wanted = frozenset(devices)
+        with self._lock:
+            current = {frozenset(live.granted), frozenset(live.devices)}
+            if wanted in current and live.move_to is None:
+                live.granted = list(devices)
+                return False
+            if live.move.is_set() and not live.devices:
+                live.move_to, live.move_reason = list(devices), reason
+                self._changed.notify_all()
+                return False
+            if wanted in current:  # the policy changed its mind before the move
+                live.move_to, live.move_reason = None, ""
+                live.move.clear()
+                return False
+            if live.move_to == devices:
+                return False
+            live.move_to, live.move_reason = list(devices), reason
+            live.move.set()
+            return True
+
+    def park(self, live: LiveJob) -> Handover | None:
+        """Hand the job's devices over and wait until its new ones are free.
+
+        None when it was stopped (or the service shuts down) meanwhile: it then
+        holds nothing.
+        """
+        with self._lock:
+            old = tuple(live.devices)
+            live.devices = []
+            self._changed.notify_all()
+        self._on_release()
+        with self._lock:
+            while True:
+                if live.stop.is_set() or self._closing:
+                    live.devices = []
+                    return None
+                target = live.move_to
+                if target and not set(target) & set(self._holders()):
+                    move = Handover(old=old, new=tuple(target), reason=live.move_reason)
+                    live.devices, live.granted = list(target), list(target)
+                    live.move_to, live.move_reason = None, ""
+                    live.move.clear()
+                    break
+                self._changed.wait(HANDOVER_POLL_S)
+        self._on_release()
+        return move
