@@ -55,8 +55,6 @@ class JobRecord:
     message: str
     devices: list[str]
     plan: Plan | None
-    steps: int
-    global_batch: int
     steps_done: int
     last_loss: float | None
     predicted_step_s: float | None
@@ -132,8 +130,6 @@ def _job(row: JobRow) -> JobRecord:
         message=row.message,
         devices=json.loads(row.devices_json),
         plan=plan_from_dict(json.loads(row.plan_json)) if row.plan_json else None,
-        steps=row.steps,
-        global_batch=row.global_batch,
         steps_done=row.steps_done,
         last_loss=row.last_loss,
         predicted_step_s=row.predicted_step_s,
@@ -180,8 +176,6 @@ class JobStore:
             state=PENDING,
             message="queued",
             devices_json="[]",
-            steps=spec.steps,
-            global_batch=spec.global_batch,
             steps_done=0,
             stop_requested=False,
             created_at=now(),

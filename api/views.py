@@ -24,7 +24,7 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
     """The job as the API shows it; ``events`` only where one job is read."""
     samples_per_s = None
     if job.measured_step_s:
-        samples_per_s = job.global_batch / job.measured_step_s
+        samples_per_s = job.spec.global_batch / job.measured_step_s
     return JobPublic(
         id=job.id,
         name=job.name,
@@ -35,9 +35,9 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
         submission_id=job.submission_id,
         devices=job.devices,
         plan=plan_public(job.plan) if job.plan else None,
-        steps=job.steps,
+        steps=job.spec.steps,
         steps_done=job.steps_done,
-        progress=min(1.0, job.steps_done / job.steps),
+        progress=min(1.0, job.steps_done / job.spec.steps),
         last_loss=job.last_loss,
         samples_per_s=samples_per_s,
         predicted_step_s=job.predicted_step_s,

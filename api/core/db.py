@@ -52,8 +52,6 @@ class JobRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     devices_json: Mapped[str] = mapped_column(Text, default="[]")
     plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    steps: Mapped[int] = mapped_column(Integer)
-    global_batch: Mapped[int] = mapped_column(Integer)
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     last_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     predicted_step_s: Mapped[float | None] = mapped_column(Float, nullable=True)
