@@ -1,31 +1,12 @@
 """``hetsched export``: a trained model as a Hugging Face directory.
 
-    hetsched export 3f2a9c01 --format hf -o out/                # a job's latest checkpoint
-    hetsched export 3f2a9c01@39 -o out/ --data-dir /srv/hetsched # its checkpoint of step 39
-    hetsched export .hetsched/checkpoints/3f2a9c01 -o out/       # a checkpoint directory
-    hetsched export run.pt --format hf -o out/
-    hetsched export model.safetensors --format hf -o out/ --tokenizer data.tokenizer.json
+    hetsched export 3f2a9c01 -o out/           # a job's latest checkpoint; 3f2a9c01@39: step 39
+    hetsched export .hetsched/checkpoints/3f2a9c01 -o out/   # a checkpoint directory
+    hetsched export model.safetensors -o out/ --tokenizer data.tokenizer.json
 
-writes ``out/config.json`` and ``out/model.safetensors`` (and
-``out/tokenizer.json``), which ``transformers``' ``AutoModelForCausalLM``
-(``GPT2LMHeadModel`` or ``LlamaForCausalLM``) loads with hetsched's logits.
-
-A CHECKPOINT is one of:
-
-- a job id, ``JOB_ID`` (its latest checkpoint) or ``JOB_ID@STEP``, looked up
-  in the service's database and checkpoint storage (``--data-dir``, default
-  ``./.hetsched`` as ``hetsched serve``; ``HETSCHED_DB_URL`` and
-  ``HETSCHED_CHECKPOINT_URI`` as the service reads them); the tokenizer of
-  the job's dataset goes with it when it has one;
-- a durable checkpoint directory (:mod:`workers.checkpoint`): one step's
-  ``step-NNNNNNNN`` directory, or a job's root holding them (the latest);
-  its manifest has the model's dimensions;
-- a ``torch.save`` file holding ``{"model": state_dict, "preset": preset}``
-  (the preset's fields as a dict, or a preset name; optionally
-  ``"tokenizer": path``), or a ``.safetensors`` file of the state dict with
-  a small JSON beside it, ``FILE.safetensors.json``, holding ``{"preset": ...}``.
-
-Reading is kept apart from the mapping (workers/models/hf.py).
+writes ``config.json`` and ``model.safetensors`` (and ``tokenizer.json``), which
+``transformers``' ``AutoModelForCausalLM`` loads with hetsched's logits. What a
+CHECKPOINT may be: :func:`read_any`. The mapping itself is in workers/models/hf.py.
 """
 
 from __future__ import annotations
@@ -121,16 +102,18 @@ def read_checkpoint(path: Path) -> tuple[ModelPreset, dict[str, Any], str | None
 
 def find_in_directory(path: Path) -> CheckpointInfo:
     """The checkpoint of a step directory, or the latest under a job's root."""
-    if re.fullmatch(r"step-\d{8}", path.name) or (path / MANIFEST).exists():
-        store, step = CheckpointStore(str(path.parent)), int(path.name.removeprefix("step-"))
-        found = [c for c in store.complete() if c.step == step]
+    one_step = re.fullmatch(r"step-\d{8}", path.name) or (path / MANIFEST).exists()
+    checkpoints = CheckpointStore(str(path.parent if one_step else path))
+    if one_step:
+        step = int(path.name.removeprefix("step-"))
+        found = [c for c in checkpoints.complete() if c.step == step]
         if not found:
             raise HetschedError(
                 f"checkpoint: {path} has no {MANIFEST}; it is torn (a crash while it was "
                 "written) and cannot be exported"
             )
         return found[0]
-    info = CheckpointStore(str(path)).latest()
+    info = checkpoints.latest()
     if info is None:
         torn = sorted(p.name for p in path.glob("step-*"))
         what = f"only torn ones ({', '.join(torn)}: no {MANIFEST})" if torn else "none"
@@ -158,13 +141,13 @@ def find_job_checkpoint(ref: str, data_dir: Path | None) -> tuple[CheckpointInfo
         records = store.checkpoints(job_id)
     finally:
         engine.dispose()
-    root = (
-        records[-1].uri.rstrip("/").rsplit("/", 1)[0]
-        if records
-        else f"{settings.checkpoint_root}/{job_id}"
-    )
-    checkpoints = CheckpointStore(root)
+    checkpoints = CheckpointStore(settings.job_checkpoints(job_id))
     info = checkpoints.get(int(step)) if step is not None else checkpoints.latest()
+    if info is None and records:  # the service wrote them elsewhere
+        raise HetschedError(
+            f"export: job {job_id}'s checkpoints are recorded at {records[-1].uri}, but "
+            f"{checkpoints.root} holds none; set HETSCHED_CHECKPOINT_URI as the service had it"
+        )
     if info is None:
         raise HetschedError(f"export: job {job_id} has no checkpoint yet")
     return info, settings.data_dir
@@ -205,7 +188,18 @@ def dataset_tokenizer(manifest: Mapping[str, Any], data_dir: Path) -> str | None
 
 
 def read_any(ref: str, data_dir: Path | None) -> tuple[ModelPreset, dict[str, Any], str | None]:
-    """The preset, weights and tokenizer (if any) of whatever CHECKPOINT names."""
+    """The preset, weights and tokenizer (if any) of whatever CHECKPOINT names, one of:
+
+    - a job id, ``JOB_ID`` (its latest checkpoint) or ``JOB_ID@STEP``, looked up in the
+      service's database and checkpoint storage (``data_dir``, default ``./.hetsched``
+      as ``hetsched serve``; ``HETSCHED_DB_URL`` and ``HETSCHED_CHECKPOINT_URI`` as the
+      service reads them); the tokenizer of the job's dataset goes with it;
+    - a durable checkpoint directory (:mod:`workers.checkpoint`): one step's
+      ``step-NNNNNNNN`` directory, or a job's root holding them (the latest);
+    - a ``torch.save`` file of ``{"model": state_dict, "preset": preset}`` (the preset's
+      fields or name; optionally ``"tokenizer": path``), or a ``.safetensors`` file of
+      the state dict with ``FILE.safetensors.json`` beside it holding ``{"preset": ...}``.
+    """
     path = Path(ref)
     if path.is_dir():
         preset, state = read_durable(find_in_directory(path))

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
             return self.checkpoint_uri.rstrip("/")
         return str((self.data_dir / "checkpoints").resolve())
 
+    def job_checkpoints(self, job_id: str) -> str:
+        """Where job ``job_id``'s checkpoints are (a path or fsspec URI); the one place
+        that says so, for the job runner that writes them and ``hetsched export``."""
+        return f"{self.checkpoint_root}/{job_id}"
+
     @property
     def token(self) -> str | None:
         if self.api_token is None or not self.api_token.get_secret_value():

@@ -167,7 +167,7 @@ def test_a_jobs_checkpoints_export_by_id_and_by_directory(
     job, _ = store.create_job(
         name="export", model_name=LLAMA.name, spec=JobCreate(model="llama-tiny"), submission_id=None
     )
-    root = f"{settings.checkpoint_root}/{job.id}"
+    root = settings.job_checkpoints(job.id)
     result = train(
         cluster=make_cluster(["A100-80GB"]),
         model=LLAMA,
@@ -217,6 +217,11 @@ def test_job_and_directory_mistakes_are_one_line_errors(
     assert "export: no job abc123 in" in error("abc123", "--data-dir", str(tmp_path))
     job, _ = store.create_job(name="j", model_name="gpt-tiny", spec=JobCreate(), submission_id=None)
     assert f"export: job {job.id} has no checkpoint yet" in error(
+        job.id, "--data-dir", str(tmp_path)
+    )
+    # checkpoints the service wrote under another HETSCHED_CHECKPOINT_URI
+    store.add_checkpoint(job.id, step=3, uri="/elsewhere/step-00000003", keep=[3])
+    assert "checkpoints are recorded at /elsewhere/step-00000003, but " in error(
         job.id, "--data-dir", str(tmp_path)
     )
     torn = tmp_path / "checkpoints" / job.id / "step-00000003"
