@@ -142,6 +142,13 @@ def _job(row: JobRow) -> JobRecord:
 
 
 class JobStore:
+    """Owns every read and write of the job store's tables (:mod:`api.core.db`).
+
+    Jobs and their state changes, the steps, logs, events and checkpoints each job
+    wrote, and the measured profiles; each call is one transaction and hands back
+    frozen records, never rows.
+    """
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._session = sessionmaker(engine, expire_on_commit=False)

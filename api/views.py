@@ -68,14 +68,7 @@ def allocation_public(event: EventRecord) -> AllocationPublic:
 
 
 def profile_public(record: ProfileRecord) -> ProfilePublic:
-    return ProfilePublic(
-        id=record.id,
-        model=record.model,
-        cluster=record.cluster,
-        source=record.source,
-        created_at=record.created_at,
-        profile=record.profile,
-    )
+    return ProfilePublic.model_validate(record, from_attributes=True)
 
 
 def _latest_speeds(store: JobStore) -> dict[str, MeasuredSpeed]:

@@ -1,15 +1,7 @@
-"""Database tables and engine (SQLAlchemy 2).
+"""The job store's tables and engine (SQLAlchemy 2), read and written by :mod:`api.store`.
 
-SQLite in the data directory by default; any SQLAlchemy URL (PostgreSQL,
-MySQL) works unchanged because only portable column types are used and JSON
-documents are stored as text. SQLite runs in WAL mode so the dashboard's
-readers never wait for the executor's per-step writes.
-
-Tables: ``jobs`` (one row per job: spec, state, plan, running aggregates),
-``job_steps`` (per-step metrics, the validation loss where evaluated),
-``job_logs`` (what the executor did) and ``profiles`` (the profiles measured
-so far). The stored plan and last step are what a later resume of a job
-interrupted by a restart needs.
+SQLite in the data directory by default; any SQLAlchemy URL (PostgreSQL, MySQL)
+works unchanged: only portable column types, JSON documents stored as text.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from api.core.migrate import upgrade
 
@@ -38,7 +30,20 @@ class Base(DeclarativeBase):
     pass
 
 
+def _job_id(*, primary_key: bool = False, index: bool = False) -> MappedColumn[str]:
+    """The job a row belongs to; deleting the job deletes its rows."""
+    return mapped_column(
+        String(32),
+        ForeignKey("jobs.id", ondelete="CASCADE"),
+        primary_key=primary_key,
+        index=index,
+    )
+
+
 class JobRow(Base):
+    """One job: its spec (which owns the steps and the global batch), state, plan, and
+    the running aggregates (a resume after a restart needs the plan and last step)."""
+
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -65,9 +70,7 @@ class JobRow(Base):
 class StepRow(Base):
     __tablename__ = "job_steps"
 
-    job_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = _job_id(primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     loss: Mapped[float] = mapped_column(Float)
     step_s: Mapped[float] = mapped_column(Float)
@@ -79,12 +82,12 @@ class StepRow(Base):
 
 
 class LogRow(Base):
+    """What the executor did with a job, one line each."""
+
     __tablename__ = "job_logs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
-    )
+    job_id: Mapped[str] = _job_id(index=True)
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     level: Mapped[str] = mapped_column(String(8))
     message: Mapped[str] = mapped_column(Text)
@@ -109,9 +112,7 @@ class EventRow(Base):
     __tablename__ = "job_events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
-    )
+    job_id: Mapped[str] = _job_id(index=True)
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     kind: Mapped[str] = mapped_column(String(16))
     step: Mapped[int] = mapped_column(Integer)
@@ -121,9 +122,7 @@ class EventRow(Base):
 class CheckpointRow(Base):
     __tablename__ = "job_checkpoints"
 
-    job_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = _job_id(primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     uri: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -136,10 +135,10 @@ def make_engine(url: str) -> Engine:
     connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
-
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
             cursor = dbapi_connection.cursor()
+            # WAL: the dashboard's readers never wait for the executor's per-step writes.
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
