@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.core.settings import Settings
 from api.execution.executor import Executor
+from api.schemas.service import ErrorPublic
 from api.services import ClusterHandle, Profiler
 from api.store import JobRecord, JobStore
 
@@ -73,6 +74,10 @@ async def require_token(
 
 
 Auth = Depends(require_token)
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorPublic, "description": "Token missing or wrong"}
+}
+"""What a route that depends on ``Auth`` adds to its documented ``responses``."""
 
 
 async def get_job(job_id: str, store: StoreDep) -> JobRecord:

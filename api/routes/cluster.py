@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
-from api.deps import Auth, StateDep
+from fastapi import APIRouter, Depends, HTTPException, status
+
+from api.deps import UNAUTHORIZED, Auth, StateDep
 from api.schemas.cluster import ClusterPublic, DeviceFailure, DeviceSlowdown
 from api.schemas.profiles import ProfileCreate, ProfilePublic
 from api.schemas.service import ErrorPublic, Message
@@ -12,6 +15,7 @@ from api.services import check_devices, model_from_ref
 from api.views import cluster_public, profile_public
 
 router = APIRouter(prefix="/cluster", tags=["cluster"])
+Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 
 @router.get("", response_model=ClusterPublic)
@@ -25,7 +29,7 @@ def read_cluster(state: StateDep) -> ClusterPublic:
     response_model=ProfilePublic,
     dependencies=[Auth],
     responses={
-        401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+        **UNAUTHORIZED,
         409: {"model": ErrorPublic, "description": "Cluster unavailable or devices busy"},
     },
 )
@@ -50,14 +54,25 @@ def profile_cluster(spec: ProfileCreate, state: StateDep) -> ProfilePublic:
 
 # --- fault injection on a simulated cluster ----------------------------------------
 
-FAULT_ERRORS = {
-    401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+FAULT_ERRORS: dict[int | str, dict[str, Any]] = {
+    **UNAUTHORIZED,
     404: {"model": ErrorPublic, "description": "No such device"},
     409: {"model": ErrorPublic, "description": "Not a simulated cluster, or unavailable"},
 }
 
 
-def _simulated_device(state: StateDep, device_id: str) -> None:
+def _fault_route(action: str) -> Callable[[Handler], Handler]:
+    """``POST /cluster/devices/{device_id}/<action>``: one fault on a simulated device."""
+    return router.post(
+        f"/devices/{{device_id:path}}/{action}",
+        response_model=Message,
+        dependencies=[Auth],
+        responses=FAULT_ERRORS,
+    )
+
+
+def simulated_pool(device_id: str, state: StateDep) -> Any:
+    """The warm workers of the simulated cluster that has ``device_id`` (409, 404 otherwise)."""
     handle = state.handle
     if handle.cluster is None or not handle.available or handle.pool is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"cluster: unavailable ({handle.message})")
@@ -70,47 +85,34 @@ def _simulated_device(state: StateDep, device_id: str) -> None:
             status.HTTP_404_NOT_FOUND,
             f"device: unknown id {device_id!r}; known: {', '.join(handle.cluster.ids)}",
         )
+    return handle.pool
 
 
-@router.post(
-    "/devices/{device_id:path}/fail",
-    response_model=Message,
-    dependencies=[Auth],
-    responses=FAULT_ERRORS,
-)
-def fail_device(device_id: str, fault: DeviceFailure, state: StateDep) -> Message:
+SimulatedPool = Annotated[Any, Depends(simulated_pool)]
+"""A :class:`workers.cluster.pool.WorkerPool`, typed as ``ClusterHandle.pool`` is."""
+
+
+@_fault_route("fail")
+def fail_device(device_id: str, fault: DeviceFailure, pool: SimulatedPool) -> Message:
     """Crash the device's worker process (``crash``: it is restarted) or lose the device
     (``lost``: gone until restored). A job on it recovers from its last checkpoint."""
-    _simulated_device(state, device_id)
     if fault.kind == "lost":
-        state.handle.pool.mark_lost([device_id])
+        pool.mark_lost([device_id])
         return Message(message=f"{device_id} lost until POST .../restore")
-    state.handle.pool.crash(device_id)
+    pool.crash(device_id)
     return Message(message=f"{device_id}: worker process killed")
 
 
-@router.post(
-    "/devices/{device_id:path}/slowdown",
-    response_model=Message,
-    dependencies=[Auth],
-    responses=FAULT_ERRORS,
-)
-def slow_device(device_id: str, slowdown: DeviceSlowdown, state: StateDep) -> Message:
+@_fault_route("slowdown")
+def slow_device(device_id: str, slowdown: DeviceSlowdown, pool: SimulatedPool) -> Message:
     """Make a simulated device ``factor`` times slower; a job on it re-plans when it pays."""
-    _simulated_device(state, device_id)
-    state.handle.pool.set_slowdown(device_id, slowdown.factor)
+    pool.set_slowdown(device_id, slowdown.factor)
     return Message(message=f"{device_id} now {slowdown.factor:g}× its own time")
 
 
-@router.post(
-    "/devices/{device_id:path}/restore",
-    response_model=Message,
-    dependencies=[Auth],
-    responses=FAULT_ERRORS,
-)
-def restore_device(device_id: str, state: StateDep) -> Message:
+@_fault_route("restore")
+def restore_device(device_id: str, pool: SimulatedPool) -> Message:
     """Bring a lost device back and end its slow-down."""
-    _simulated_device(state, device_id)
-    state.handle.pool.mark_lost([device_id], lost=False)
-    state.handle.pool.set_slowdown(device_id, 1.0)
+    pool.mark_lost([device_id], lost=False)
+    pool.set_slowdown(device_id, 1.0)
     return Message(message=f"{device_id} restored")

@@ -28,7 +28,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel
 
-from api.deps import Auth, StateDep
+from api.deps import UNAUTHORIZED, Auth, StateDep
 from api.schemas.service import ErrorPublic
 from api.services import list_datasets
 from scheduler.errors import HetschedError
@@ -146,7 +146,7 @@ def _check_content(name: str, part: Path, root: Path) -> None:
     status_code=status.HTTP_201_CREATED,
     dependencies=[Auth],
     responses={
-        401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+        **UNAUTHORIZED,
         409: {"model": ErrorPublic, "description": "A file of that name exists"},
         413: {"model": ErrorPublic, "description": "Larger than HETSCHED_MAX_UPLOAD_BYTES"},
     },

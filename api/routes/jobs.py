@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
 from api.core.settings import API_PREFIX
-from api.deps import Auth, JobDep, StateDep, StoreDep
+from api.deps import UNAUTHORIZED, Auth, JobDep, StateDep, StoreDep
 from api.execution.scheduling import check_device_counts
 from api.schemas.jobs import (
     CheckpointPublic,
@@ -37,7 +37,7 @@ from scheduler.models.presets import check_trainable
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = {
-    401: {"model": ErrorPublic, "description": "Token missing or wrong"},
+    **UNAUTHORIZED,
     404: {"model": ErrorPublic, "description": "No such job"},
     409: {"model": ErrorPublic, "description": "Not allowed in the job's state"},
 }
@@ -50,7 +50,7 @@ ERRORS = {
     dependencies=[Auth],
     responses={
         200: {"model": JobPublic, "description": "Known submission_id"},
-        401: ERRORS[401],
+        **UNAUTHORIZED,
         409: {
             "model": ErrorPublic,
             "description": "The model fits no device, or a device id or dataset the server lacks",
@@ -188,7 +188,7 @@ def read_logs(
     "/{job_id}/stop",
     response_model=JobPublic,
     dependencies=[Auth],
-    responses={401: ERRORS[401], 404: ERRORS[404], 409: ERRORS[409]},
+    responses=ERRORS,
 )
 def stop_job(job: JobDep, state: StateDep) -> JobPublic:
     """A pending job stops at once; a running one stops after its current step."""
@@ -207,7 +207,7 @@ def stop_job(job: JobDep, state: StateDep) -> JobPublic:
     "/{job_id}",
     response_model=Message,
     dependencies=[Auth],
-    responses={401: ERRORS[401], 404: ERRORS[404], 409: ERRORS[409]},
+    responses=ERRORS,
 )
 def delete_job(job: JobDep, store: StoreDep) -> Message:
     """Delete a finished job with its metrics and logs; running ones must be stopped first."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import Auth, StateDep
+from api.deps import UNAUTHORIZED, Auth, StateDep
 from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.service import ErrorPublic
 from api.services import check_devices, dry_run, model_from_ref
@@ -17,10 +17,7 @@ router = APIRouter(prefix="/plans", tags=["plans"])
     "",
     response_model=PlanPreview,
     dependencies=[Auth],
-    responses={
-        409: {"model": ErrorPublic, "description": "Nothing fits"},
-        401: {"model": ErrorPublic, "description": "Token missing or wrong"},
-    },
+    responses={409: {"model": ErrorPublic, "description": "Nothing fits"}, **UNAUTHORIZED},
 )
 def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     """The plan a job with this spec would get, with the even and proportional baselines.
