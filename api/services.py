@@ -1,18 +1,4 @@
-"""What routes and the executor share: the cluster connection, spec checks, profiling.
-
-The cluster handle is built once in the app's lifespan: a local Ray running
-a simulated cluster spec (the embedded default), or an existing Ray cluster
-(``--ray-address``) whose GPUs become the cluster, or which runs a simulated
-cluster spec's devices on the Ray nodes the spec names (``--ray-address``
-with ``--cluster``). Ray's token authentication is handled before joining
-(``workers.cluster.ray_connect``). When Ray cannot be reached the service still
-starts and reports the cluster unavailable; ``hetsched serve`` checks first
-(:func:`check_external_ray`) and refuses to start with one line instead.
-
-Profiles are measured by ``workers.session.profile_cluster`` (cached on disk
-per device type and model) and every measurement is also recorded in the job
-store so ``GET /profiles`` and the dashboard can show it.
-"""
+"""What routes and the executor share: the cluster connection, spec checks, profiling."""
 
 from __future__ import annotations
 
@@ -61,6 +47,16 @@ class NotOnServer(HetschedError):
 
 @dataclass(kw_only=True, slots=True)
 class ClusterHandle:
+    """Owns the service's connection to its devices, built once in the app's lifespan.
+
+    A local Ray running a simulated cluster spec (the embedded default), or an
+    existing Ray cluster (``--ray-address``) whose GPUs become the cluster, or which
+    runs a simulated spec's devices on the Ray nodes the spec names (``--ray-address``
+    with ``--cluster``). When Ray cannot be reached the service still starts and
+    reports the cluster unavailable; ``hetsched serve`` checks first
+    (:func:`check_external_ray`) and refuses to start with one line instead.
+    """
+
     cluster: Cluster | None
     available: bool
     message: str = ""
@@ -326,7 +322,12 @@ def check_simulated_fit(cluster: Cluster, model: ModelPreset, device_ids: list[s
 
 
 class Profiler:
-    """Measures profiles one at a time (two measurements would disturb each other)."""
+    """Measures profiles one at a time (two measurements would disturb each other).
+
+    ``workers.session.profile_cluster`` measures (cached on disk per device type and
+    model); every measurement is also recorded in the job store, so ``GET /profiles``
+    and the dashboard show it.
+    """
 
     def __init__(self, *, store: JobStore, handle: ClusterHandle, cache_dir: Path) -> None:
         self.store = store

@@ -135,6 +135,7 @@ def make_engine(url: str) -> Engine:
     connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
+
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
             cursor = dbapi_connection.cursor()

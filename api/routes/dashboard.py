@@ -6,14 +6,6 @@ the dashboard works on an air-gapped cluster. The page is a small client-side
 app that reads the REST API under ``/api/v1``; the server answers ``/`` and
 ``/jobs/{job_id}`` with the same HTML so a job page can be bookmarked and
 reloaded.
-
-Wiring, in ``create_app``::
-
-    from api.routes import dashboard
-    dashboard.add_dashboard(app)   # include_router(dashboard.router) + mount_static(app)
-
-Include it after the API routers: its routes are outside ``/api/v1`` and
-hidden from the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -75,6 +67,10 @@ def mount_static(app: FastAPI) -> None:
 
 
 def add_dashboard(app: FastAPI) -> None:
-    """Add the dashboard to ``app``: its page routes and its static files."""
+    """Add the dashboard to ``app``: its page routes and its static files.
+
+    After the API routers: its routes are outside ``/api/v1`` and hidden from the
+    OpenAPI schema.
+    """
     app.include_router(router)
     mount_static(app)

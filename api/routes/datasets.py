@@ -5,14 +5,8 @@
     POST /api/v1/datasets?name=book.txt         or a text file (byte tokens)
     GET  /api/v1/datasets                       what jobs may name as ``dataset``
 
-The body is the file itself, streamed to a hidden temporary file inside the
-data directory and counted against ``HETSCHED_MAX_UPLOAD_BYTES`` (413 past
-it). A name is one plain file name (letters, digits, ``._-``; no path
-separator, no ``..``) ending in ``.txt``, ``.bin``, ``.bin.json`` or
-``.tokenizer.json``. The file is checked (a sidecar parses, a ``.bin`` has its
-sidecar and holds whole tokens below its vocabulary, a tokenizer is JSON) and
-only then linked under its name, which fails if the name exists (409): an
-upload never replaces or loses a file, and a failed one leaves nothing.
+An upload never replaces or loses a file, and a failed one leaves nothing
+(:func:`upload_dataset`).
 """
 
 from __future__ import annotations
@@ -170,7 +164,16 @@ async def upload_dataset(
         description="file name: NAME.txt, NAME.bin, NAME.bin.json, NAME.tokenizer.json",
     ),
 ) -> DatasetPublic:
-    """Store the request body as ``name`` in the data directory (see the module docstring)."""
+    """Store the request body as ``name`` in the data directory.
+
+    The body is the file itself, streamed to a hidden temporary file inside the data
+    directory and counted against ``HETSCHED_MAX_UPLOAD_BYTES`` (413 past it). A name
+    is one plain file name (letters, digits, ``._-``; no path separator, no ``..``)
+    ending in ``.txt``, ``.bin``, ``.bin.json`` or ``.tokenizer.json``. The file is
+    checked (a sidecar parses, a ``.bin`` has its sidecar and holds whole tokens below
+    its vocabulary, a tokenizer is JSON) and only then linked under its name, which
+    fails if the name exists (409).
+    """
     _check_name(name)
     limit = state.settings.max_upload_bytes
     root = state.settings.data_dir.resolve()

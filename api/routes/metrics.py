@@ -1,14 +1,9 @@
 """``/metrics``: Prometheus exposition through ``prometheus_client``.
 
 Each app has its own :class:`~prometheus_client.CollectorRegistry` (built in
-``create_app``, never a module-level global) holding the process collector
-and :class:`LiveCollector`, which reads the figures at scrape time: jobs by
-state (one small query), cluster availability, and each running job's and
-device's latest step from the executor's memory, so a scrape costs the same
-however many steps are stored. Names follow Prometheus' conventions (base
-units, ``_seconds``, ``_bytes``, ``_total`` for counters;
-https://prometheus.io/docs/practices/naming/) and are stable: dashboards and
-alerts use them.
+``create_app``, never a module-level global). Names follow Prometheus' conventions
+(base units, ``_total`` for counters; https://prometheus.io/docs/practices/naming/)
+and are stable: dashboards and alerts use them.
 """
 
 from __future__ import annotations
@@ -31,7 +26,12 @@ DEVICE_LABELS = ["device", "node", "type"]
 
 
 class LiveCollector(Collector):
-    """The service's figures, read from its state when Prometheus scrapes."""
+    """The service's figures, read from its state when Prometheus scrapes.
+
+    Jobs by state (one small query), cluster availability, and each running job's and
+    device's latest step from the executor's memory: a scrape costs the same however
+    many steps are stored.
+    """
 
     def __init__(self, state: Callable[[], AppState | None]) -> None:
         self._state = state
