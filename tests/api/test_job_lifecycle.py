@@ -151,7 +151,10 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
             },
         ).json()
         c = client.post(JOBS, json={"name": "c", "global_batch": 8, "steps": 1}).json()
-        wait_for(client, a["id"], lambda j: j["steps_done"] >= 1)
+        started = wait_for(client, a["id"], lambda j: j["steps_done"] >= 1)
+        assert [(e["policy"], e["devices"]) for e in started["allocations"]] == [
+            ("pinned", ["node-a/0", "node-a/1"])  # it named them: no policy placed it
+        ]
         wait_for(client, b["id"], lambda j: j["steps_done"] >= 1)
         assert client.get(f"{JOBS}/{a['id']}").json()["state"] == "RUNNING"
         waiting = client.get(f"{JOBS}/{c['id']}").json()
