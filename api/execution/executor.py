@@ -150,6 +150,7 @@ class Executor:
                 return
 
     def _round(self) -> None:
+        """Start the pinned jobs whose devices are free, then let the policy share the rest."""
         pending = self.store.pending()
         cluster = self.handle.cluster
         if cluster is None or not self.handle.available:
@@ -157,8 +158,7 @@ class Executor:
                 self._wait(job, f"waiting: cluster unavailable ({self.handle.message})")
             return
         waiting = [j for j in pending if not j.pinned]
-        # lost, and reserved by (or started for) pinned waiting jobs
-        blocked = self._lost()
+        blocked = set(self._lost())  # and below: what pinned jobs reserve or run on
         held = self.ledger.holders()
         rows = [self._pinned(j, held, blocked, waiting) for j in pending if j.pinned]
         live = self.ledger.jobs()
