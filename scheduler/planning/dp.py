@@ -437,3 +437,22 @@ def _baselines(profile: Profile, group: _Group, global_batch: int) -> dict[str, 
             predicted_samples_per_s=global_batch / step if step > 0 else 0.0,
         )
     return out
+
+
+def plan_with_baselines(profile: Profile, global_batch: int, strategy: str) -> Plan:
+    """The ``strategy`` plan (one of :data:`DP_PLANNERS`) with the ``even`` and
+    ``proportional`` baselines, the devices grouped once for all three."""
+    check_global_batch(global_batch)
+    group, excluded = _prepare(profile)
+    plan = _plan(strategy, profile, group, excluded, global_batch)
+    return plan.with_baselines(_baselines(profile, group, global_batch))
+
+
+def dp_baselines(profile: Profile, global_batch: int, *, with_dp: bool) -> dict[str, Baseline]:
+    """The ``even`` and ``proportional`` baselines, and ``dp`` when ``with_dp``, for a
+    plan of another strategy; :class:`PlanError` when no device holds the whole model."""
+    group, excluded = _prepare(profile)
+    baselines = _baselines(profile, group, global_batch)
+    if with_dp:
+        baselines["dp"] = baseline_of(_dp(profile, group, excluded, global_batch))
+    return baselines

@@ -15,7 +15,7 @@ planner's optimality condition ``Σ_i cap_i(T) ≥ B`` becomes
 instead of thousands of devices (each class in its best activation-recomputation
 mode, ``cap_t = max_r cap_tr``, as the planner does per device). The optimum
 ``T*`` is the same number, so the
-rate equals :func:`scheduler.planning.planner.plan_dp`'s ``predicted_samples_per_s`` on
+rate equals :func:`scheduler.planning.dp.plan_dp`'s ``predicted_samples_per_s`` on
 the expanded device set (``tests/scheduler/test_policy.py`` checks it), except
 that the planner may additionally drop to the fastest node alone on a
 multi-node set, which here is a separate single-node candidate instead.

@@ -202,10 +202,6 @@ class SpeedMonitor:
         """The live profile: the base profile with the accepted factors applied."""
         return live_profile(self.base, self.factors)
 
-    def reset(self, device: str) -> None:
-        """Forget ``device``'s history (e.g. it came back on other hardware)."""
-        self._tracks.pop(device, None)
-
     def observe(
         self, step: int, plan: Plan, measured_busy_s: Mapping[str, float]
     ) -> SpeedReport | None:

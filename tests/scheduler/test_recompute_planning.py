@@ -20,8 +20,9 @@ from scheduler.cost.profile import DeviceProfile, Profile, RecomputeCost, analyt
 from scheduler.errors import PlanError
 from scheduler.hardware.cluster import Links, load_cluster, parse_cluster
 from scheduler.models.presets import get_preset
+from scheduler.planning.dp import optimal_split, plan_dp
 from scheduler.planning.pipeline import plan_pp
-from scheduler.planning.planner import make_plan, optimal_split, plan_dp
+from scheduler.planning.planner import make_plan
 
 MB = 10**6
 CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"

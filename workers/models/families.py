@@ -103,9 +103,3 @@ def stage_pieces(
 def piece_of_param(preset: ModelPreset, name: str) -> str:
     """The piece a parameter (by its global name) of ``preset``'s model belongs to."""
     return FAMILIES[preset.family].piece_of_param(name)
-
-
-def tied_pieces(preset: ModelPreset) -> tuple[str, ...]:
-    """Pieces the first and the last stage both hold (GPT's ``wte``; none for Llama)."""
-    spec = FAMILIES[preset.family]
-    return tuple(p for p in spec.embed_pieces if p in spec.head_pieces)
