@@ -29,6 +29,7 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
+from workers.models.stage import StageModel
 
 
 class CausalSelfAttention(nn.Module):
@@ -98,7 +99,7 @@ class Head(nn.Module):
         return F.linear(self.ln_f(x), self.weight)  # (B, T, V)
 
 
-class GPT(nn.Module):
+class GPT(StageModel):
     """Blocks ``[first, last)`` of a GPT, with the embedding and/or the head.
 
     ``GPT(preset, seed=0)`` is the whole model. A pipeline stage is
@@ -106,6 +107,8 @@ class GPT(nn.Module):
     forward takes the hidden states ``(B, T, C)`` of the previous stage and
     returns logits ``(B, T, V)`` when it holds the head.
     """
+
+    family = "gpt"
 
     def __init__(
         self,
@@ -117,22 +120,9 @@ class GPT(nn.Module):
         embed: bool = True,
         head: bool = True,
     ) -> None:
-        super().__init__()
-        if preset.family != "gpt":
-            raise HetschedError(
-                f"model: {preset.name} is a {preset.family} preset; build it with "
-                "workers.models.families.build_model"
-            )
-        last = preset.num_layers if last is None else last
-        if not 0 <= first <= last <= preset.num_layers:
-            raise HetschedError(
-                f"layers: [{first}, {last}) is not a block range of {preset.name} "
-                f"(0..{preset.num_layers})"
-            )
-        self.preset = preset
-        self.first, self.last = first, last
+        super().__init__(preset, first=first, last=last)
         self.embed = Embedding(preset) if embed else None
-        self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(first, last)})
+        self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(self.first, self.last)})
         self.head = Head(preset) if head else None
         init_parameters(
             self,
@@ -156,9 +146,6 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(x)  # (B, T, V)
         return x
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _global_name(name: str) -> str:

@@ -32,6 +32,7 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
+from workers.models.stage import StageModel
 
 
 class RMSNorm(nn.Module):
@@ -126,7 +127,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Llama(nn.Module):
+class Llama(StageModel):
     """Blocks ``[first, last)`` of a Llama, with the embedding and/or the head.
 
     ``Llama(preset, seed=0)`` is the whole model. A pipeline stage is
@@ -135,6 +136,7 @@ class Llama(nn.Module):
     returns logits ``(B, T, V)`` when it holds the head.
     """
 
+    family = "llama"
     tied = False
     """The head is its own weight (unlike GPT-2's); nothing to keep equal across stages."""
 
@@ -148,24 +150,13 @@ class Llama(nn.Module):
         embed: bool = True,
         head: bool = True,
     ) -> None:
-        super().__init__()
-        if preset.family != "llama":
-            raise HetschedError(
-                f"model: {preset.name} is a {preset.family} preset; build it with "
-                "workers.models.families.build_model"
-            )
-        last = preset.num_layers if last is None else last
-        if not 0 <= first <= last <= preset.num_layers:
-            raise HetschedError(
-                f"layers: [{first}, {last}) is not a block range of {preset.name} "
-                f"(0..{preset.num_layers})"
-            )
-        self.preset = preset
-        self.first, self.last = first, last
+        super().__init__(preset, first=first, last=last)
         C, V = preset.d_model, preset.vocab_size
         self.tok_embeddings = nn.Embedding(V, C) if embed else None
         rotary = Rotary(preset)
-        self.blocks = nn.ModuleDict({str(i): Block(preset, rotary) for i in range(first, last)})
+        self.blocks = nn.ModuleDict(
+            {str(i): Block(preset, rotary) for i in range(self.first, self.last)}
+        )
         self.norm = RMSNorm(C, preset.norm_eps) if head else None
         self.output = nn.Linear(C, V, bias=False) if head else None
         init_parameters(self, seed=seed, num_layers=preset.num_layers, kind_of=_param_kind)
@@ -178,9 +169,6 @@ class Llama(nn.Module):
         if self.norm is not None and self.output is not None:
             x = self.output(self.norm(x))  # (B, T, V)
         return x
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _param_kind(name: str) -> ParamKind:
