@@ -36,7 +36,7 @@ partitioned once (memoised by their devices' figures), which keeps a
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
@@ -113,13 +113,14 @@ class Partitioner:
 
 
 def _chain_until_fit(
-    pool: list[DeviceProfile], fits: Partitioner
+    units: Iterable[Sequence[DeviceProfile]], fits: Partitioner
 ) -> tuple[list[Group], list[DeviceProfile]]:
-    """Cut ``pool`` (in order) into consecutive pipelines, each as short as fits."""
+    """Cut ``units`` (in order; a unit is one device or a whole node) into consecutive
+    pipelines, each of as few units as fits; the devices left over that fit no pipeline."""
     groups: list[Group] = []
     current: list[DeviceProfile] = []
-    for d in pool:
-        current.append(d)
+    for unit in units:
+        current.extend(unit)
         group = pipeline_order(current)
         if fits.fits(group):
             groups.append(group)
@@ -132,14 +133,7 @@ def group_by_node(devices: Sequence[DeviceProfile], fits: Partitioner) -> list[G
     for d in devices:
         nodes.setdefault(d.node, []).append(d)
     ordered = sorted(nodes.values(), key=lambda ds: -sum(d.capacity_bytes for d in ds))
-    groups: list[Group] = []
-    current: list[DeviceProfile] = []
-    for node_devices in ordered:
-        current.extend(node_devices)
-        group = pipeline_order(current)
-        if fits.fits(group):
-            groups.append(group)
-            current = []
+    groups, current = _chain_until_fit(ordered, fits)
     if current and groups:  # too small alone: lengthen the last pipeline
         merged = pipeline_order([*groups[-1], *current])
         if fits.fits(merged):
@@ -166,7 +160,7 @@ def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: 
         groups += [tuple(members[i * q : (i + 1) * q]) for i in range(whole)]
         leftovers.extend(members[whole * q :])
     leftovers.sort(key=lambda d: (-d.capacity_bytes, d.id))
-    more, _ = _chain_until_fit(leftovers, fits)
+    more, _ = _chain_until_fit(([d] for d in leftovers), fits)
     return groups + more
 
 
