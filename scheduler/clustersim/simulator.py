@@ -100,6 +100,8 @@ class JobResult:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimResult:
+    """One policy's replay of a trace: every job's outcome and the cluster's totals."""
+
     policy: PolicyName
     jobs: tuple[JobResult, ...]
     makespan_s: float

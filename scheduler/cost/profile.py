@@ -63,6 +63,9 @@ DEFAULT_EFFICIENCY = DEFAULT_FLOPS_SHARE
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Profile:
+    """A cluster's devices profiled for one model, with the links between them and
+    the gradient bytes a data-parallel step all-reduces: what every planner reads."""
+
     model: str
     devices: tuple[DeviceProfile, ...]
     links: Links = field(default_factory=Links)

@@ -87,6 +87,9 @@ class Simulation:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cluster:
+    """A parsed cluster spec: its devices (``NODE/INDEX`` ids, in spec order), the
+    links between them and the settings of its local simulation."""
+
     name: str
     devices: tuple[Device, ...]
     links: Links = field(default_factory=Links)

@@ -41,6 +41,9 @@ GRADIENT_BYTES_PER_PARAM = 2
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelPreset:
+    """A transformer's shape, and the analytic sizes derived from it: parameters,
+    model states, activations per sample and FLOPs per token."""
+
     name: str
     family: Family
     """``gpt``: LayerNorm, GELU MLP, biases, learned positions, tied head.
