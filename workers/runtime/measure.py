@@ -205,7 +205,7 @@ class Measurement:
         return int(torch.cuda.memory_allocated(self.device.torch_device)), optimizer
 
     def _largest_fit(self, model: nn.Module, static: int, per_sample: int) -> int:
-        """The largest micro-batch that fits, checked by running it (module docstring)."""
+        """The largest micro-batch that fits, checked by running it (see :class:`Measurement`)."""
         max_m = max(0, (self.device.capacity_bytes - static) // per_sample)
         if isinstance(self.device, SimulatedDevice):
             check = min(max_m, max(1, HOST_CHECK_BYTES // per_sample))
