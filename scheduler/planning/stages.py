@@ -2,40 +2,8 @@
 
 A pipeline of ``p`` stages runs ``m`` micro-batches of ``b`` samples under the
 1F1B schedule (PipeDream-Flush: Narayanan et al., "Memory-Efficient
-Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks
-``[first, last)``; stage 0 also holds the embedding, the last stage the final
-norm and head. Per micro-batch, stage ``s`` on device ``d`` takes
-
-    t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
-
-from the device's per-layer profile (``n_s`` neighbours, each sending and
-receiving one message per micro-batch: :data:`P2P_LATENCY_S`), and needs
-
-    mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
-
-because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
-micro-batches at once: early stages hold more, so the order of devices matters.
-A stage may run its blocks with activation recomputation (the block's
-``selective`` or ``full`` figures, :mod:`scheduler.models.activations`): less kept
-per block, more time, plus what one block holds while it is recomputed, once
-per stage. Each stage takes, for every block count, the fastest mode that
-fits its memory, so the partition below stays exact over the modes too.
-A step takes ``Σ_s t_s + (m − 1)·max_s t_s`` (one micro-batch crosses every
-stage, the other ``m − 1`` leave at the bottleneck's pace; with balanced
-stages this is the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m``: Huang et
-al., GPipe, 2019), plus the activations forward and their gradients backward
-once over each stage boundary on the fill/drain path (later transfers overlap
-with compute), plus, for a tied embedding (GPT), an all-reduce of the
-embedding gradient between the first and the last stage.
-
-**Exact for a given order.** :func:`partition` minimises ``max_s t_s`` exactly
-by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
-t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
-(memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
-chain of identical blocks, so a stage's cost depends only on its block count).
-A second pass takes, among the min-max splits, the one with the least
-``Σ_s t_s``, which is then exactly optimal for the step-time formula above
-over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
+Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks ``[first, last)``;
+stage 0 also holds the embedding, the last stage the final norm and head.
 """
 
 from __future__ import annotations
@@ -132,7 +100,15 @@ def stage_time_s(
     last: bool,
     recompute: Recompute = "none",
 ) -> float:
-    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks."""
+    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks.
+
+    Per micro-batch, stage ``s`` on device ``d`` takes
+
+        t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
+
+    from the device's per-layer profile (``n_s`` neighbours, each sending and
+    receiving one message per micro-batch: :data:`P2P_LATENCY_S`).
+    """
     ends = _ends(lp, first=first, last=last)
     block = block_option(lp, recompute)
     return (
@@ -154,7 +130,20 @@ def stage_bytes(
     recompute: Recompute = "none",
 ) -> int:
     """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations,
-    plus one block's while it is recomputed."""
+    plus one block's while it is recomputed.
+
+    A stage needs
+
+        mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
+
+    because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
+    micro-batches at once: early stages hold more, so the order of devices matters.
+    A stage may run its blocks with activation recomputation (the block's
+    ``selective`` or ``full`` figures, :mod:`scheduler.models.activations`): less kept
+    per block, more time, plus what one block holds while it is recomputed, once
+    per stage. Each stage takes, for every block count, the fastest mode that
+    fits its memory, so :func:`partition` stays exact over the modes too.
+    """
     ends = _ends(lp, first=first, last=last)
     block = block_option(lp, recompute)
     states = ends.static_bytes + num_blocks * lp.block.static_bytes
@@ -197,7 +186,7 @@ class Stage:
     """Forward + backward of one (largest) micro-batch, plus its messages (:func:`exchange_s`)."""
     peak_bytes: int
     recompute: Recompute = "none"
-    """How its blocks keep activations (module docstring)."""
+    """How its blocks keep activations (:func:`stage_bytes`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,7 +205,16 @@ class Chain:
         return sum(s.time_s for s in self.stages)
 
     def compute_s(self, num_micro_batches: int) -> float:
-        """1F1B step time without communication (module docstring)."""
+        """1F1B step time without communication.
+
+        ``Σ_s t_s + (m − 1)·max_s t_s``: one micro-batch crosses every stage, the
+        other ``m − 1`` leave at the bottleneck's pace; with balanced stages this is
+        the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m`` (Huang et al., GPipe,
+        2019). A step adds :func:`boundary_s` (activations forward and their
+        gradients backward once over each stage boundary on the fill/drain path;
+        later transfers overlap with compute) and, for a tied embedding (GPT),
+        :func:`tied_sync_s`.
+        """
         if num_micro_batches <= 0:
             return 0.0
         return self.total_s + (num_micro_batches - 1) * self.slowest_s
@@ -296,7 +294,15 @@ def partition(
 ) -> Chain | None:
     """Blocks per stage for ``devices`` in this order minimising the slowest stage.
 
-    Exact (module docstring); ``None`` when no split fits memory.
+    ``None`` when no split fits memory.
+
+    Exact, by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
+    t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
+    (memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
+    chain of identical blocks, so a stage's cost depends only on its block count).
+    A second pass takes, among the min-max splits, the one with the least
+    ``Σ_s t_s``, which is then exactly optimal for :meth:`Chain.compute_s`
+    over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
     """
     p = len(devices)
     num_blocks = layers_of(devices[0]).num_blocks
