@@ -325,70 +325,108 @@ def partition(
         for s, d in enumerate(devices)
     ]
     costs = [time for time, _ in arrays]
+    best = _min_max_s(costs, num_blocks)
+    if not math.isfinite(best):
+        return None
+    bounds = _least_total_bounds(costs, best, num_blocks)
+    # each stage's fastest mode that fits, by its number of blocks
+    modes = [
+        RECOMPUTE_MODES[int(mode_by_count[bounds[s + 1] - bounds[s]])]
+        for s, (_, mode_by_count) in enumerate(arrays)
+    ]
+    stages = [
+        _stage(
+            d,
+            (bounds[s], bounds[s + 1]),
+            micro_batch,
+            in_flight=in_flight[s],
+            first=s == 0,
+            last=s == p - 1,
+            tied_state_bytes=tied_state_bytes,
+            recompute=modes[s],
+        )
+        for s, d in enumerate(devices)
+    ]
+    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+
+
+def _spans(num_blocks: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Over every pair of boundaries ``(i, j)``: whether ``[i, j)`` is a range, and its
+    number of blocks (0 where it is not)."""
     i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
     span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
     valid = span >= 0
-    span_c = np.where(valid, span, 0)
+    return valid, np.where(valid, span, 0)
 
-    def step(prev: FloatArray, cost: FloatArray) -> FloatArray:
-        c = np.where(valid, cost[span_c], INF)
-        return np.asarray(np.maximum(prev[:, None], c).min(axis=0), dtype=np.float64)
 
-    # Pass 1: the min-max value T*.
+def _min_max_s(costs: list[FloatArray], num_blocks: int) -> float:
+    """Pass 1: the least possible slowest stage ``T*`` (``inf``: nothing fits)."""
+    if len(costs) == 1:
+        return float(costs[0][num_blocks])
+    valid, span_c = _spans(num_blocks)
     f = np.full(num_blocks + 1, INF)
     f[:] = costs[0]  # stage 0 covers [0, j)
-    for s in range(1, p):
-        f = step(f, costs[s])
-    best = float(f[num_blocks])
-    if p == 1:
-        best = float(costs[0][num_blocks])
-    if not math.isfinite(best):
-        return None
-    # Pass 2: least total time among splits whose every stage is within T*.
+    for cost in costs[1:]:
+        c = np.where(valid, cost[span_c], INF)
+        f = np.asarray(np.maximum(f[:, None], c).min(axis=0), dtype=np.float64)
+    return float(f[num_blocks])
+
+
+def _least_total_bounds(costs: list[FloatArray], best: float, num_blocks: int) -> list[int]:
+    """Pass 2: the stage boundaries of least total time among the splits whose every
+    stage is within ``best``."""
+    if len(costs) == 1:
+        return [0, num_blocks]
+    valid, span_c = _spans(num_blocks)
     limit = best * (1 + 1e-12) + 1e-18
     capped = [np.where(c <= limit, c, INF) for c in costs]
     g = capped[0].copy()
     choice: list[npt.NDArray[np.int64]] = []
-    for s in range(1, p):
-        c = np.where(valid, capped[s][span_c], INF)
+    for cost in capped[1:]:
+        c = np.where(valid, cost[span_c], INF)
         total = g[:, None] + c
         choice.append(np.asarray(total.argmin(axis=0), dtype=np.int64))
         g = np.asarray(total.min(axis=0), dtype=np.float64)
     bounds = [num_blocks]
-    for s in range(p - 1, 0, -1):
+    for s in range(len(costs) - 1, 0, -1):
         bounds.append(int(choice[s - 1][bounds[-1]]))
     bounds.append(0)
     bounds.reverse()
-    if p == 1:
-        bounds = [0, num_blocks]
-    stages = []
-    for s, d in enumerate(devices):
-        first_blk, last_blk = bounds[s], bounds[s + 1]
-        lp = layers_of(d)
-        flags = {"first": s == 0, "last": s == p - 1}
-        recompute = RECOMPUTE_MODES[int(arrays[s][1][last_blk - first_blk])]
-        stages.append(
-            Stage(
-                device=d,
-                first=first_blk,
-                last=last_blk,
-                time_s=stage_time_s(
-                    lp, last_blk - first_blk, micro_batch, recompute=recompute, **flags
-                )
-                + exchange_s(**flags),
-                peak_bytes=stage_bytes(
-                    lp,
-                    last_blk - first_blk,
-                    micro_batch,
-                    in_flight=in_flight[s],
-                    tied_state_bytes=tied_state_bytes,
-                    recompute=recompute,
-                    **flags,
-                ),
-                recompute=recompute,
-            )
-        )
-    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+    return bounds
+
+
+def _stage(
+    device: DeviceProfile,
+    blocks: tuple[int, int],
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int,
+    recompute: Recompute,
+) -> Stage:
+    """The stage ``device`` runs, holding blocks ``[blocks[0], blocks[1])``."""
+    lp = layers_of(device)
+    num = blocks[1] - blocks[0]
+    return Stage(
+        device=device,
+        first=blocks[0],
+        last=blocks[1],
+        time_s=stage_time_s(lp, num, micro_batch, recompute=recompute, first=first, last=last)
+        + exchange_s(first=first, last=last),
+        peak_bytes=stage_bytes(
+            lp,
+            num,
+            micro_batch,
+            in_flight=in_flight,
+            tied_state_bytes=tied_state_bytes,
+            recompute=recompute,
+            first=first,
+            last=last,
+        ),
+        recompute=recompute,
+    )
 
 
 # --- communication ---------------------------------------------------------
