@@ -1,36 +1,8 @@
 """Hybrid plans (``hybrid``): several uneven pipelines side by side, data-parallel across them.
 
-Each pipeline is partitioned exactly as in :mod:`scheduler.planning.stages` (with the
-conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
-valid whatever share it gets, and each stage's recomputation mode chosen
-there). The global batch is cut into ``M`` micro-batches
-of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
-micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
-pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
-takes ``Σ_s t_s + (m_j − 1)·max_s t_s`` plus its boundary transfers. Handing
-the ``M`` micro-batches out one by one to the pipeline that would finish
-earliest with it (a heap) minimises the slowest pipeline exactly, because each
-pipeline's time is non-decreasing in its count (the same argument as the
-data-parallel planner's). Pipelines may get none and sit out.
-
-Gradients: every piece of the model (embedding, each block, head) is held by
-one device per active pipeline; its gradient is SUM-all-reduced among those
-holders. Every pipeline scales its loss by ``global_batch·seq_len`` (DESIGN.md,
-"Correctness"), so each holder's gradient is already weighted by its
-pipeline's share of the batch and the sum is the full-batch gradient: the
-update equals single-device training. Consecutive pieces with the same holders
-form one all-reduce; a device's sync time is the sum of its rings (each over
-the slowest link among its holders), and the step pays the slowest device's.
-
-Grouping devices into pipelines (every variant is planned, the fastest kept):
-``node`` — one pipeline per node (fast intra-node activation links), nodes
-too small for the model chained with the next smaller ones until they fit;
-``type`` — devices of one type on one node form pipelines of the shortest
-length that holds the model (and of twice that, fewer bubbles per device vs.
-larger micro-batches), leftovers chained by memory; ``single`` — the best
-single pipeline over all devices (the ``pp`` plan). Identical pipelines are
-partitioned once (memoised by their devices' figures), which keeps a
-512-device plan to about a second.
+Each pipeline is partitioned as in :mod:`scheduler.planning.stages`; pipelines get
+uneven micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
+pipeline templates different shares (:func:`allocate`).
 """
 
 from __future__ import annotations
@@ -182,7 +154,21 @@ class HybridChoice:
 def allocate(
     chains: Sequence[Chain], pipe_comm_s: Sequence[float], num_micro_batches: int
 ) -> list[int]:
-    """Micro-batches per pipeline minimising the slowest pipeline (module docstring)."""
+    """Micro-batches per pipeline minimising the slowest pipeline.
+
+    Each pipeline is partitioned exactly as in :mod:`scheduler.planning.stages` (with the
+    conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
+    valid whatever share it gets, and each stage's recomputation mode chosen
+    there). The global batch is cut into ``M`` micro-batches
+    of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
+    micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
+    pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
+    takes ``Σ_s t_s + (m_j − 1)·max_s t_s`` plus its boundary transfers. Handing
+    the ``M`` micro-batches out one by one to the pipeline that would finish
+    earliest with it (a heap) minimises the slowest pipeline exactly, because each
+    pipeline's time is non-decreasing in its count (the same argument as the
+    data-parallel planner's). Pipelines may get none and sit out.
+    """
     counts = [0] * len(chains)
     heap = [(c.compute_s(1) + pipe_comm_s[j], j) for j, c in enumerate(chains)]
     heapq.heapify(heap)
@@ -194,7 +180,17 @@ def allocate(
 
 
 def sync_s(chains: Sequence[Chain], profile: Profile, tied: Tied) -> float:
-    """Gradient all-reduce among the holders of each piece (module docstring)."""
+    """Gradient all-reduce among the holders of each piece.
+
+    Gradients: every piece of the model (embedding, each block, head) is held by
+    one device per active pipeline; its gradient is SUM-all-reduced among those
+    holders. Every pipeline scales its loss by ``global_batch·seq_len`` (DESIGN.md,
+    "Correctness"), so each holder's gradient is already weighted by its
+    pipeline's share of the batch and the sum is the full-batch gradient: the
+    update equals single-device training. Consecutive pieces with the same holders
+    form one all-reduce; a device's sync time is the sum of its rings (each over
+    the slowest link among its holders), and the step pays the slowest device's.
+    """
     lp = layers_of(chains[0].stages[0].device)
     total_static = (
         lp.embed.static_bytes + lp.num_blocks * lp.block.static_bytes + lp.head.static_bytes
@@ -277,7 +273,18 @@ def evaluate(
 
 
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
-    """Pipelines side by side with uneven shares (module docstring)."""
+    """Pipelines side by side with uneven shares.
+
+    Grouping devices into pipelines (every variant is planned, the fastest kept):
+    ``node`` — one pipeline per node (fast intra-node activation links), nodes
+    too small for the model chained with the next smaller ones until they fit;
+    ``type`` — devices of one type on one node form pipelines of the shortest
+    length that holds the model (and of twice that, fewer bubbles per device vs.
+    larger micro-batches), leftovers chained by memory; ``single`` — the best
+    single pipeline over all devices (the ``pp`` plan). Identical pipelines are
+    partitioned once (memoised by their devices' figures), which keeps a
+    512-device plan to about a second.
+    """
     check_global_batch(global_batch)
     usable = layer_usable(profile)
     tied = tied_embedding(profile)
