@@ -4,19 +4,6 @@ Follows nanoGPT (Karpathy, 2022) and GPT-2 (Radford et al., 2019): learned
 token and position embeddings, pre-norm blocks of causal self-attention and a
 GELU MLP, a final LayerNorm and a head tied to the token embedding.
 
-It is sliceable into pipeline stages: :class:`GPT` holds an optional
-:class:`Embedding`, the blocks ``[first, last)`` (kept under their global
-index, ``blocks["3"]``) and an optional :class:`Head`. Every parameter is
-initialised from its own generator seeded by ``(seed, global parameter
-name)``, so a stage holds exactly the weights the whole model would have,
-whatever the slicing, without building the whole model.
-
-Tied head. The whole model (embedding and head on one device) ties
-``head.weight`` to ``embed.wte.weight``, as GPT-2 does. A stage that holds the
-head but not the embedding gets its own copy of the embedding weight,
-initialised identically; the pipeline runtime sums the two copies' gradients
-between first and last stage so they stay equal.
-
 Legend: B batch, T sequence length, C d_model, nh heads, hs head size, V vocabulary.
 """
 
@@ -106,6 +93,12 @@ class GPT(StageModel):
     ``GPT(preset, seed=0, first=2, last=4, embed=False, head=True)``: its
     forward takes the hidden states ``(B, T, C)`` of the previous stage and
     returns logits ``(B, T, V)`` when it holds the head.
+
+    The whole model (embedding and head on one device) ties
+    ``head.weight`` to ``embed.wte.weight``, as GPT-2 does. A stage that holds the
+    head but not the embedding gets its own copy of the embedding weight,
+    initialised identically; the pipeline runtime sums the two copies' gradients
+    between first and last stage so they stay equal.
     """
 
     family = "gpt"

@@ -7,18 +7,6 @@ RoFormer, 2021) and grouped-query attention (Ainslie et al., 2023), a SwiGLU
 MLP (Shazeer, 2020), a final RMSNorm and an untied output projection. No
 biases anywhere.
 
-Rotary layout. The rotation pairs dimension ``i`` of a head with ``i + hs/2``
-(the "rotate half" layout of Hugging Face's Llama), not adjacent dimensions
-as Meta's reference code does, so q/k weights map to and from ``transformers``
-unpermuted (workers/models/hf.py).
-
-Sliceable into pipeline stages exactly like :class:`workers.models.gpt.GPT`: the
-blocks ``[first, last)`` are kept under their global index (``blocks["3"]``),
-the embedding and the head (final norm and output) are optional, and every
-parameter is initialised from its own generator seeded by ``(seed, global
-parameter name)`` (workers/models/init.py), so a stage holds exactly the weights of
-the whole model. The head is untied, so no weight is shared between stages.
-
 Legend: B batch, T sequence length, C d_model, nh query heads, nkv key/value
 heads, hs head size, F MLP hidden size, V vocabulary.
 """
@@ -50,7 +38,13 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Cosines and sines of the rotary angles ``t · θ^(-2i/hs)`` for t < T_max."""
+    """Cosines and sines of the rotary angles ``t · θ^(-2i/hs)`` for t < T_max.
+
+    The rotation pairs dimension ``i`` of a head with ``i + hs/2``
+    (the "rotate half" layout of Hugging Face's Llama), not adjacent dimensions
+    as Meta's reference code does, so q/k weights map to and from ``transformers``
+    unpermuted (workers/models/hf.py).
+    """
 
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__()

@@ -14,7 +14,12 @@ class StageModel(nn.Module):
     """Base of :class:`workers.models.gpt.GPT` and :class:`workers.models.llama.Llama`.
 
     Owns the preset and the checked block range ``[first, last)`` the stage holds;
-    the subclass builds its embedding, blocks and head.
+    the subclass builds its embedding, blocks and head. The blocks are kept under
+    their global index (``blocks["3"]``), the embedding and the head are optional,
+    and every parameter is initialised from its own generator seeded by ``(seed,
+    global parameter name)`` (:mod:`workers.models.init`), so a stage holds exactly
+    the weights the whole model would have, whatever the slicing, without building
+    the whole model.
     """
 
     family: ClassVar[str]
