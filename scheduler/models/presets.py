@@ -19,6 +19,7 @@ Legend: ``s`` sequence length, ``h`` d_model, ``a`` heads, ``L`` layers,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -248,57 +249,37 @@ def _gpt2(name: str, *, num_layers: int, d_model: int, num_heads: int) -> ModelP
     )
 
 
-def _llama2(name: str, *, num_layers: int, d_model: int, num_heads: int, d_ff: int) -> ModelPreset:
-    """A Llama 2 size: its 32k SentencePiece vocabulary and 4096-token context."""
-    return ModelPreset(
-        name=name,
-        family="llama",
-        num_layers=num_layers,
-        d_model=d_model,
-        num_heads=num_heads,
-        d_ff=d_ff,
-        vocab_size=32000,
-        seq_len=4096,
-    )
-
-
-def _on_cpu(
-    name: str,
-    family: Family,
-    *,
-    num_layers: int,
-    d_model: int,
-    num_heads: int,
-    d_ff: int,
-    seq_len: int,
-    num_kv_heads: int = 0,
-) -> ModelPreset:
-    """Small enough to train on a CPU in the simulation: byte vocabulary."""
-    return ModelPreset(
-        name=name,
-        family=family,
-        num_layers=num_layers,
-        d_model=d_model,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        d_ff=d_ff,
-        vocab_size=256,
-        seq_len=seq_len,
-    )
-
+_llama2 = functools.partial(ModelPreset, family="llama", vocab_size=32000, seq_len=4096)
+"""A Llama 2 size: its 32k SentencePiece vocabulary and 4096-token context."""
+_on_cpu = functools.partial(ModelPreset, vocab_size=256)
+"""Small enough to train on a CPU in the simulation: byte vocabulary."""
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
-        _on_cpu("gpt-tiny", "gpt", num_layers=4, d_model=128, num_heads=4, d_ff=512, seq_len=64),
         _on_cpu(
-            "gpt-small-cpu", "gpt", num_layers=8, d_model=256, num_heads=8, d_ff=1024, seq_len=128
+            name="gpt-tiny",
+            family="gpt",
+            num_layers=4,
+            d_model=128,
+            num_heads=4,
+            d_ff=512,
+            seq_len=64,
+        ),
+        _on_cpu(
+            name="gpt-small-cpu",
+            family="gpt",
+            num_layers=8,
+            d_model=256,
+            num_heads=8,
+            d_ff=1024,
+            seq_len=128,
         ),
         # The llama family's counterpart of gpt-tiny: grouped-query attention (two
         # query heads per key/value head) and a SwiGLU width of about 8/3·h.
         _on_cpu(
-            "llama-tiny",
-            "llama",
+            name="llama-tiny",
+            family="llama",
             num_layers=4,
             d_model=128,
             num_heads=4,
@@ -310,8 +291,8 @@ PRESETS: dict[str, ModelPreset] = {
         _gpt2("gpt2-medium", num_layers=24, d_model=1024, num_heads=16),
         _gpt2("gpt2-large", num_layers=36, d_model=1280, num_heads=20),
         _gpt2("gpt2-xl", num_layers=48, d_model=1600, num_heads=25),
-        _llama2("llama-7b", num_layers=32, d_model=4096, num_heads=32, d_ff=11008),
-        _llama2("llama-13b", num_layers=40, d_model=5120, num_heads=40, d_ff=13824),
+        _llama2(name="llama-7b", num_layers=32, d_model=4096, num_heads=32, d_ff=11008),
+        _llama2(name="llama-13b", num_layers=40, d_model=5120, num_heads=40, d_ff=13824),
     ]
 }
 
