@@ -59,6 +59,8 @@ class AllocationRecord:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobResult:
+    """One replayed job: when it arrived, started and ended, and every allocation it held."""
+
     name: str
     arrival_s: float
     start_s: float
