@@ -1,21 +1,9 @@
 """The profiler: what each device costs per micro-batch and per sample, cached.
 
-Each device is measured inside its warm worker (:mod:`workers.cluster.pool`) by
-:class:`workers.runtime.measure.Measurement` through its ``TorchDevice``, so
-simulated and real devices go through the same code; per-layer figures for
-pipeline planning come from :func:`workers.devices.layer_profile.measure_layers` in
-the same actor.
-
-Links: a simulated cluster emulates the links of its spec, so those are
-reported; on real GPUs the workers form one NCCL group and time an
-all-reduce of the gradient buffer (bus bandwidth, Patarasuk & Yuan 2009).
-
-Each device's figures are cached on disk under a key covering everything that
-changes them: device type, memory (for real GPUs, what the node's driver
-reports: :func:`workers.session.connect_ray`), simulated capacity, model
-shape and, for simulated devices, the pacing (margin ``K``, speed ratio,
-host calibration). Devices with the same key are measured once; a second
-run is instant unless ``refresh``.
+Each device is measured in its warm worker (:mod:`workers.cluster.pool`) by
+:class:`workers.runtime.measure.Measurement`, simulated and real through the same
+code; links of a real cluster by a timed all-reduce (bus bandwidth, Patarasuk &
+Yuan 2009), a simulated cluster's from its spec.
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ from workers.cluster.pool import WorkerPool
 from workers.devices.calibration import HostCalibration, default_cache_dir
 from workers.devices.device import TorchDevice
 from workers.devices.layer_profile import host_layers, measure_layers
-from workers.devices.pacing import Pacing, no_pacing, simulated_pacing
+from workers.devices.pacing import Pacing, PacingOf, no_pacing, simulated_pacing
 from workers.errors import WorkerError
 
 PROFILE_TIMEOUT_S = 600.0
@@ -55,7 +43,13 @@ def cache_key(
     pacing: Pacing | None,
     layers: bool,
 ) -> str:
-    """Everything that changes a device's figures, hashed."""
+    """Everything that changes a device's figures, hashed: devices with the same key
+    are measured once, and a later run reads them from the cache.
+
+    The memory is, for real GPUs, what the node's driver reports
+    (:func:`workers.session.connect_ray`); a simulated device's
+    figures also follow its pacing (margin ``K``, speed ratio, host calibration).
+    """
     parts: dict[str, Any] = {
         "version": PROFILE_VERSION,
         "type": device_type,
@@ -128,19 +122,11 @@ def profile_devices(
         if simulated
         else no_pacing
     )
-    host = pacing_of(ids[0])[1]
-    if layers == "auto":
-        pieces = host_layers(preset, host.host, cache_dir=cache_dir) if host else None
-        hook: Any = LayerHook(pieces)
-    else:
-        hook = layers
-
-    # One measurement per distinct cache key.
-    first_of: dict[str, str] = {}
+    hook = _layer_hook(layers, preset, pacing_of(ids[0])[1], cache_dir)
     key_of: dict[str, str] = {}
     for d in devices:
         capacity, pacing = pacing_of(d.id)
-        key = cache_key(
+        key_of[d.id] = cache_key(
             device_type=d.type,
             memory_bytes=d.memory_bytes,
             capacity_bytes=capacity,
@@ -149,35 +135,17 @@ def profile_devices(
             pacing=pacing,
             layers=hook is not None,
         )
-        key_of[d.id] = key
-        first_of.setdefault(key, d.id)
     folder = cache_dir / "profiles"
-    results: dict[str, dict[str, Any]] = {}
-    for key in first_of:
-        path = folder / f"{key}.json"
-        if not refresh and path.exists():
-            with contextlib.suppress(OSError, ValueError):
-                results[key] = json.loads(path.read_text())
-    todo = [k for k in first_of if k not in results]
+    results = {} if refresh else _read_cache(folder, set(key_of.values()))
+    # One measurement per distinct cache key, on the first device that has it.
+    first_of: dict[str, str] = {}
+    for device_id, key in key_of.items():
+        if key not in results:
+            first_of.setdefault(key, device_id)
     own_pool = pool is None
     pool = pool or WorkerPool(cluster, simulated=simulated)
     try:
-        if todo:
-            todo_ids = [first_of[k] for k in todo]
-            actors = pool.acquire(todo_ids)
-            measured = gather(
-                [
-                    a.measure.remote(preset, *pacing_of(device_id), hook)
-                    for a, device_id in zip(actors, todo_ids, strict=True)
-                ],
-                todo_ids,
-                timeout_s=PROFILE_TIMEOUT_S,
-                what="profiling",
-            )
-            folder.mkdir(parents=True, exist_ok=True)
-            for key, out in zip(todo, measured, strict=True):
-                results[key] = out
-                (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
+        results |= _measure(pool, preset, first_of, pacing_of, hook, folder)
         gradient_bytes = 4 * (preset.num_params + 1)
         links = cluster.links if simulated else _measure_links(pool, cluster, ids, gradient_bytes)
     finally:
@@ -192,6 +160,54 @@ def profile_devices(
             "devices": [_device_doc(d.id, d.node, d.type, results[key_of[d.id]]) for d in devices],
         }
     )
+
+
+def _layer_hook(layers: Any, preset: ModelPreset, pacing: Pacing | None, cache_dir: Path) -> Any:
+    """What each worker runs for per-layer figures (see :func:`profile_devices`)."""
+    if layers != "auto":
+        return layers
+    pieces = host_layers(preset, pacing.host, cache_dir=cache_dir) if pacing else None
+    return LayerHook(pieces)
+
+
+def _read_cache(folder: Path, keys: set[str]) -> dict[str, dict[str, Any]]:
+    """The cached figures of those ``keys`` that have a readable entry."""
+    results: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        path = folder / f"{key}.json"
+        if path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                results[key] = json.loads(path.read_text())
+    return results
+
+
+def _measure(
+    pool: WorkerPool,
+    preset: ModelPreset,
+    first_of: dict[str, str],
+    pacing_of: PacingOf,
+    hook: Any,
+    folder: Path,
+) -> dict[str, dict[str, Any]]:
+    """Measure each key's device (``first_of``: key -> device id) and cache the figures."""
+    if not first_of:
+        return {}
+    todo_ids = list(first_of.values())
+    actors = pool.acquire(todo_ids)
+    measured = gather(
+        [
+            a.measure.remote(preset, *pacing_of(device_id), hook)
+            for a, device_id in zip(actors, todo_ids, strict=True)
+        ],
+        todo_ids,
+        timeout_s=PROFILE_TIMEOUT_S,
+        what="profiling",
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    results = dict(zip(first_of, measured, strict=True))
+    for key, out in results.items():
+        (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
+    return results
 
 
 def _device_doc(

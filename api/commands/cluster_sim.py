@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from api.commands.common import add_command
 from api.commands.plan import format_table
 from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
 from scheduler.clustersim.trace import TraceJob, generate_trace, load_trace, trace_to_csv
@@ -32,14 +33,16 @@ from scheduler.policy.types import POLICIES, PolicyName, PolicySettings
 DEFAULTS = SimSettings()
 
 
+HELP = "replay a job trace on a cluster under scheduling policies (no training)"
+DESCRIPTION = (
+    "Compare scheduling policies on a cluster spec and a job trace (CSV: "
+    "name,arrival_s,model,global_batch,steps[,priority,min_devices,max_devices]) "
+    "from the cost model alone, or generate such a trace."
+)
+
+
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "cluster-sim",
-        help="replay a job trace on a cluster under scheduling policies (no training)",
-        description="Compare scheduling policies on a cluster spec and a job trace (CSV: "
-        "name,arrival_s,model,global_batch,steps[,priority,min_devices,max_devices]) "
-        "from the cost model alone, or generate such a trace.",
-    )
+    parser = add_command(subparsers, "cluster-sim", run, help=HELP, description=DESCRIPTION)
     parser.add_argument("--cluster", metavar="FILE", type=Path, help="cluster spec (YAML)")
     parser.add_argument("--trace", metavar="FILE", type=Path, help="job trace (CSV)")
     parser.add_argument(
@@ -78,7 +81,6 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="with --generate (default %(default)s)")
     parser.add_argument("-o", "--output", metavar="FILE", type=Path, help="with --generate")
-    parser.set_defaults(run=run)
 
 
 def _policies(text: str) -> list[PolicyName]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from api.commands.common import add_command
 from api.core.db import make_engine
 from api.core.settings import Settings
 from api.store import JobStore
@@ -36,8 +37,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export",
+        run,
         help="write a checkpoint as a Hugging Face model directory",
         description="Export a trained model: config.json + model.safetensors (+ tokenizer.json) "
         "that transformers' AutoModelForCausalLM loads.",
@@ -61,7 +64,6 @@ def add_parser(subparsers: Any) -> None:
         help="the service's data directory, to find a job (default: as hetsched serve, "
         "./.hetsched or HETSCHED_DATA_DIR)",
     )
-    parser.set_defaults(run=run)
 
 
 def _preset(raw: Any, where: str) -> ModelPreset:

@@ -10,19 +10,20 @@ import argparse
 import json
 from typing import Any
 
+from api.commands.common import add_command
 from api.commands.plan import format_table
 from scheduler.hardware.catalogue import CATALOGUE
 
+HELP = "list the GPU catalogue (keys for cluster specs)"
+DESCRIPTION = (
+    "GPU types a cluster spec may name (any case), with the peak dense "
+    "bf16/fp16 tensor TFLOP/s, memory and bandwidth analytic profiles use."
+)
+
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "gpus",
-        help="list the GPU catalogue (keys for cluster specs)",
-        description="GPU types a cluster spec may name (any case), with the peak dense "
-        "bf16/fp16 tensor TFLOP/s, memory and bandwidth analytic profiles use.",
-    )
+    parser = add_command(subparsers, "gpus", run, help=HELP, description=DESCRIPTION)
     parser.add_argument("--json", action="store_true", help="print the catalogue as JSON")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

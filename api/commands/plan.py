@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from api.commands.common import add_command, model_help
 from scheduler.cost.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
@@ -31,19 +32,18 @@ from scheduler.units import format_bytes
 BAR_WIDTH = 20
 
 
+HELP = "plan per-device batches for a cluster spec or a profile (no cluster needed)"
+DESCRIPTION = (
+    "Plan an uneven split of the global batch and compare it with the "
+    "even (DDP) and proportional baselines."
+)
+
+
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "plan",
-        help="plan per-device batches for a cluster spec or a profile (no cluster needed)",
-        description="Plan an uneven split of the global batch and compare it with the "
-        "even (DDP) and proportional baselines.",
-    )
+    parser = add_command(subparsers, "plan", run, help=HELP, description=DESCRIPTION)
     parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
     parser.add_argument(
-        "--model",
-        metavar="PRESET",
-        help=f"with --cluster: a preset ({', '.join(PRESETS)}) or a Hugging Face "
-        "config.json or model directory",
+        "--model", metavar="PRESET", help=model_help("with --cluster, a model preset")
     )
     parser.add_argument("--profile", metavar="FILE", help="measured or saved profile (JSON)")
     parser.add_argument(
@@ -60,7 +60,6 @@ def add_parser(subparsers: Any) -> None:
         f"(default: each GPU's own, {DEFAULT_EFFICIENCY} for most, less for 70 W cards)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
-    parser.set_defaults(run=run)
 
 
 def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:

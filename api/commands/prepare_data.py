@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from api.commands.common import add_command
 from scheduler.errors import HetschedError
 from workers.data.datafile import BYTE_VOCAB, token_dtype, write_token_file
 
@@ -32,12 +33,12 @@ CHUNK_CHARS = 1 << 20
 """Text encoded per batch: lines up to about a megabyte."""
 
 
+HELP = "tokenize a text file into a token-id dataset (.bin + .bin.json)"
+DESCRIPTION = "Turn a text file into a flat file of token ids that jobs can train on."
+
+
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "prepare-data",
-        help="tokenize a text file into a token-id dataset (.bin + .bin.json)",
-        description="Turn a text file into a flat file of token ids that jobs can train on.",
-    )
+    parser = add_command(subparsers, "prepare-data", run, help=HELP, description=DESCRIPTION)
     parser.add_argument("text", metavar="TEXT", help="UTF-8 text file")
     parser.add_argument("-o", "--output", required=True, metavar="DATA.bin", help="file to write")
     how = parser.add_mutually_exclusive_group()
@@ -48,7 +49,6 @@ def add_parser(subparsers: Any) -> None:
         metavar="VOCAB",
         help="train a byte-level BPE of VOCAB tokens (>= 257) on TEXT",
     )
-    parser.set_defaults(run=run)
 
 
 def _tokenizers() -> Any:

@@ -21,33 +21,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from api.commands.common import add_cache_arguments, add_command, model_help
 from api.commands.plan import format_table
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
 from scheduler.models.hf_config import resolve_model
-from scheduler.models.presets import PRESETS, check_trainable
+from scheduler.models.presets import check_trainable
+
+HELP = "measure each device's time and memory per micro-batch (cached)"
+DESCRIPTION = (
+    "Measure every device of a cluster for one model: fixed and per-sample "
+    "time, model-state and activation memory, largest micro-batch, links."
+)
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "profile",
-        help="measure each device's time and memory per micro-batch (cached)",
-        description="Measure every device of a cluster for one model: fixed and per-sample "
-        "time, model-state and activation memory, largest micro-batch, links.",
-    )
+    parser = add_command(subparsers, "profile", run, help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "--cluster",
         metavar="FILE",
         type=Path,
         help="cluster spec (YAML); required unless --ray-address",
     )
-    parser.add_argument(
-        "--model",
-        metavar="PRESET",
-        required=True,
-        help=f"model preset ({', '.join(PRESETS)}) or a Hugging Face config.json or directory",
-    )
+    parser.add_argument("--model", metavar="PRESET", required=True, help=model_help("model preset"))
     parser.add_argument(
         "-o",
         "--output",
@@ -55,16 +52,12 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         help="write the profile JSON here (default: stdout)",
     )
-    parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
-    parser.add_argument(
-        "--cache-dir", type=Path, metavar="DIR", help="profile cache (default ~/.cache/hetsched)"
-    )
+    add_cache_arguments(parser)
     parser.add_argument(
         "--ray-address",
         metavar="ADDR",
         help="profile the GPUs of this Ray cluster instead of simulating",
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,18 +26,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from api.commands.common import add_command
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
 from scheduler.policy.types import POLICIES
 
+HELP = "run the control plane (REST API, dashboard, job executor)"
+DESCRIPTION = (
+    "Run the control plane. With no arguments: a local simulated mixed "
+    "cluster and a SQLite database in the data directory."
+)
+
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="run the control plane (REST API, dashboard, job executor)",
-        description="Run the control plane. With no arguments: a local simulated mixed "
-        "cluster and a SQLite database in the data directory.",
-    )
+    parser = add_command(subparsers, "serve", run, help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "--cluster",
         type=Path,
@@ -71,7 +73,6 @@ def add_parser(subparsers: Any) -> None:
         help="allow a non-loopback --host without HETSCHED_API_TOKEN "
         "(anyone who can reach it may submit, stop and delete jobs)",
     )
-    parser.set_defaults(run=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

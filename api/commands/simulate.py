@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from api.commands.common import add_cache_arguments, add_command, model_help
 from api.commands.plan import format_table
 from api.services import check_simulated_fit
 from scheduler.cost.profile import Profile
@@ -37,7 +38,7 @@ from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.hardware.faults import parse_fault
 from scheduler.models.hf_config import resolve_model
-from scheduler.models.presets import PRESETS, ModelPreset, check_trainable
+from scheduler.models.presets import ModelPreset, check_trainable
 from scheduler.planning.plan import DP_STRATEGIES
 from scheduler.planning.planner import STRATEGIES
 
@@ -49,8 +50,10 @@ CHECKPOINT_EVERY = 5
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "simulate",
+        run,
         help="train on a local simulated mixed cluster and compare strategies",
         description="Profile, plan and train each strategy on simulated GPUs (Ray actors on "
         "this machine's CPU, paced to their GPU's speed, memory-capped), from the same seed.",
@@ -65,8 +68,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--model",
         metavar="PRESET",
-        help=f"model preset (default gpt-tiny, or --init-from's): {', '.join(PRESETS)}; or "
-        "a Hugging Face config.json or model directory",
+        help=model_help("model preset (default gpt-tiny, or --init-from's)"),
     )
     parser.add_argument(
         "--init-from",
@@ -112,12 +114,6 @@ def add_parser(subparsers: Any) -> None:
         help=f"comma-separated, from {','.join(STRATEGIES)} (default %(default)s)",
     )
     parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        metavar="DIR",
-        help="profile and calibration cache (default ~/.cache/hetsched)",
-    )
-    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -130,9 +126,8 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="keep each run's first plan when a device's speed changes",
     )
-    parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
+    add_cache_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
-    parser.set_defaults(run=run)
 
 
 def parse_strategies(text: str) -> list[str]:

@@ -8,6 +8,7 @@ client cannot store something a later read would choke on. Errors read
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -29,6 +30,20 @@ def _printable(value: str) -> str:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         raise ValueError("must not contain control characters")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Matches:
+    """A validator: the whole string matches ``pattern`` (which the schema also shows),
+    else ``message``."""
+
+    pattern: str
+    message: str
+
+    def __call__(self, value: str) -> str:
+        if not re.fullmatch(self.pattern, value):
+            raise ValueError(self.message)
+        return value
 
 
 def _strategy(value: str) -> str:
@@ -74,41 +89,31 @@ PresetName = Annotated[
 # A relative path whose segments do not start with '.': never absolute, never '..'.
 _SEGMENT = r"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]*"
 DATASET_PATTERN = rf"^{_SEGMENT}(/{_SEGMENT})*$"
-
-
-def _dataset_name(value: str) -> str:
-    if not re.fullmatch(DATASET_PATTERN, value):
-        raise ValueError(
-            "must be 'default' or a file name inside the server's data directory "
-            "(relative, no segment starting with '.')"
-        )
-    return value
-
-
 DatasetName = Annotated[
     str,
     Field(min_length=1, max_length=255, json_schema_extra={"pattern": DATASET_PATTERN}),
     AfterValidator(_printable),
-    AfterValidator(_dataset_name),
+    AfterValidator(
+        _Matches(
+            DATASET_PATTERN,
+            "must be 'default' or a file name inside the server's data directory "
+            "(relative, no segment starting with '.')",
+        )
+    ),
 ]
 INIT_FROM_PATTERN = rf"^([0-9a-f]{{1,32}}(@[0-9]{{1,9}})?|hf:{_SEGMENT}(/{_SEGMENT})*)$"
-
-
-def _init_from(value: str) -> str:
-    if not re.fullmatch(INIT_FROM_PATTERN, value):
-        raise ValueError(
-            "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
-            "model directory inside the server's data directory (relative, no segment "
-            "starting with '.')"
-        )
-    return value
-
-
 InitFrom = Annotated[
     str,
     Field(min_length=1, max_length=255, json_schema_extra={"pattern": INIT_FROM_PATTERN}),
     AfterValidator(_printable),
-    AfterValidator(_init_from),
+    AfterValidator(
+        _Matches(
+            INIT_FROM_PATTERN,
+            "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
+            "model directory inside the server's data directory (relative, no segment "
+            "starting with '.')",
+        )
+    ),
 ]
 StrategyName = Annotated[
     str,

@@ -135,6 +135,8 @@ class CheckpointsPublic(BaseModel):
 
 
 class JobPublic(BaseModel):
+    """A job as the API shows it: its request, state, progress, plan and history."""
+
     id: str
     name: str
     model_name: str

@@ -1,19 +1,9 @@
 """Replay a job trace on a cluster under a scheduling policy, from the cost model alone.
 
-Event-driven, no training: hours of cluster time in seconds of CPU. Events are
-arrivals, completions and a round every ``round_s``; at each one the policy
-(:func:`scheduler.policy.decide.decide`) re-decides every job's devices. Between
-events a job progresses at its allocation's planned rate (samples/s from the
-data-parallel planner, so steps/s = samples/s / global_batch). Changing the
-devices of a job that already made progress (move, grow, shrink, resume after
-preemption) costs ``reallocation_s`` without progress: checkpoint, restart on
-the new devices, restore (DESIGN.md, "A job's life"); a job's first start is
-free.
-
-Reported per policy: each job's arrival, start, end and allocation history,
-and the average, median and 99th-percentile job completion time (JCT, end −
-arrival), the makespan (last end − first arrival), utilisation (device-seconds
-held by jobs over devices × makespan) and the slowest decision.
+Event-driven, no training: hours of cluster time in seconds of CPU (the replay
+in :func:`simulate`). Reported per policy (:class:`SimResult`): each job's
+arrival, start, end and allocation history, job completion times (JCT, end −
+arrival), the makespan, utilisation and the slowest decision.
 """
 
 from __future__ import annotations
@@ -69,6 +59,8 @@ class AllocationRecord:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobResult:
+    """One replayed job: when it arrived, started and ended, and every allocation it held."""
+
     name: str
     arrival_s: float
     start_s: float
@@ -100,6 +92,8 @@ class JobResult:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimResult:
+    """One policy's replay of a trace: every job's outcome and the cluster's totals."""
+
     policy: PolicyName
     jobs: tuple[JobResult, ...]
     makespan_s: float
@@ -220,80 +214,140 @@ def simulate(
     settings: SimSettings | None = None,
     rates: PlannedRates | None = None,
 ) -> SimResult:
-    """Replay ``trace`` on ``cluster`` under ``policy`` (module docstring)."""
+    """Replay ``trace`` on ``cluster`` under ``policy``.
+
+    Events are
+    arrivals, completions and a round every ``round_s``; at each one the policy
+    (:func:`scheduler.policy.decide.decide`) re-decides every job's devices. Between
+    events a job progresses at its allocation's planned rate (samples/s from the
+    data-parallel planner, so steps/s = samples/s / global_batch). Changing the
+    devices of a job that already made progress (move, grow, shrink, resume after
+    preemption) costs ``reallocation_s`` without progress: checkpoint, restart on
+    the new devices, restore (DESIGN.md, "A job's life"); a job's first start is
+    free.
+    """
     settings = settings or SimSettings()
     rates = rates or PlannedRates.for_cluster(cluster)
     check_runnable(cluster, trace, rates)
-    arrivals = deque(sorted(trace, key=lambda j: j.arrival_s))
-    active: dict[str, _Live] = {}
-    results: list[JobResult] = []
-    now_s = arrivals[0].arrival_s if arrivals else 0.0
-    next_round_s = now_s + settings.round_s
-    held_device_s = 0.0
-    decision_s_max = 0.0
-    num_decisions = num_moves = 0
-    while arrivals or active:
-        changed = False
-        for name in [
+    replay = _Replay(cluster=cluster, trace=trace, policy=policy, settings=settings, rates=rates)
+    while replay.arrivals or replay.active:
+        changed = replay.retire_finished()
+        changed = replay.admit_arrivals() or changed
+        changed = replay.round_due() or changed
+        if changed and replay.active:
+            replay.decide()
+        if not replay.advance():
+            break
+    return replay.result()
+
+
+class _Replay:
+    """One policy's replay in progress: the clock, the jobs waiting to arrive, the
+    active ones, and the totals the result reports."""
+
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        trace: list[TraceJob],
+        policy: PolicyName,
+        settings: SimSettings,
+        rates: PlannedRates,
+    ) -> None:
+        self.cluster, self.trace, self.policy = cluster, trace, policy
+        self.settings, self.rates = settings, rates
+        self.arrivals = deque(sorted(trace, key=lambda j: j.arrival_s))
+        self.active: dict[str, _Live] = {}
+        self.results: list[JobResult] = []
+        self.now_s = self.arrivals[0].arrival_s if self.arrivals else 0.0
+        self.next_round_s = self.now_s + settings.round_s
+        self.held_device_s = 0.0
+        self.decision_s_max = 0.0
+        self.num_decisions = 0
+        self.num_moves = 0
+
+    def retire_finished(self) -> bool:
+        """Move the jobs that have done all their samples to the results."""
+        done = [
             n
-            for n, live in active.items()
+            for n, live in self.active.items()
             if live.done_samples >= live.total_samples * (1 - DONE_TOLERANCE)
-        ]:
-            live = active.pop(name)
-            results.append(_result(live, now_s))
-            changed = True
-        while arrivals and arrivals[0].arrival_s <= now_s:
-            job = arrivals.popleft()
-            active[job.name] = _Live(job=job, waiting_since_s=job.arrival_s)
-            changed = True
-        if now_s >= next_round_s:
-            next_round_s += settings.round_s * math.floor(
-                (now_s - next_round_s) / settings.round_s + 1
+        ]
+        for name in done:
+            self.results.append(_result(self.active.pop(name), self.now_s))
+        return bool(done)
+
+    def admit_arrivals(self) -> bool:
+        """Make the jobs that have arrived by now active."""
+        admitted = False
+        while self.arrivals and self.arrivals[0].arrival_s <= self.now_s:
+            job = self.arrivals.popleft()
+            self.active[job.name] = _Live(job=job, waiting_since_s=job.arrival_s)
+            admitted = True
+        return admitted
+
+    def round_due(self) -> bool:
+        """Whether a scheduling round is due and has something to decide: a job
+        waiting, or a policy other than ``fifo`` (which never moves running jobs)."""
+        if self.now_s < self.next_round_s:
+            return False
+        round_s = self.settings.round_s
+        self.next_round_s += round_s * math.floor((self.now_s - self.next_round_s) / round_s + 1)
+        return any(not live.devices for live in self.active.values()) or self.policy != "fifo"
+
+    def decide(self) -> None:
+        """Ask the policy for every active job's devices and apply its answer."""
+        started = time.perf_counter()
+        allocation = decide(
+            self.cluster,
+            [live.demand(self.now_s) for live in self.active.values()],
+            policy=self.policy,
+            rates=self.rates,
+            settings=self.settings.policy,
+        )
+        self.decision_s_max = max(self.decision_s_max, time.perf_counter() - started)
+        self.num_decisions += 1
+        for name, live in self.active.items():
+            self.num_moves += _apply(
+                live,
+                allocation.devices[name],
+                allocation.samples_per_s[name],
+                self.now_s,
+                self.settings,
             )
-            changed = (
-                changed or any(not live.devices for live in active.values()) or policy != "fifo"
-            )
-        if changed and active:
-            started = time.perf_counter()
-            allocation = decide(
-                cluster,
-                [live.demand(now_s) for live in active.values()],
-                policy=policy,
-                rates=rates,
-                settings=settings.policy,
-            )
-            decision_s_max = max(decision_s_max, time.perf_counter() - started)
-            num_decisions += 1
-            for name, live in active.items():
-                num_moves += _apply(
-                    live, allocation.devices[name], allocation.samples_per_s[name], now_s, settings
-                )
-            if not arrivals and not any(live.devices for live in active.values()):
-                stuck = "; ".join(f"{n}: {allocation.reasons[n]}" for n in list(active)[:3])
-                raise SimulationError(f"jobs can never start under {policy}: {stuck}")
+        if not self.arrivals and not any(live.devices for live in self.active.values()):
+            stuck = "; ".join(f"{n}: {allocation.reasons[n]}" for n in list(self.active)[:3])
+            raise SimulationError(f"jobs can never start under {self.policy}: {stuck}")
+
+    def advance(self) -> bool:
+        """Progress every job to the next event; False when there is none."""
         next_s = min(
-            arrivals[0].arrival_s if arrivals else math.inf,
-            next_round_s if active else math.inf,
-            *(live.finish_s(now_s) for live in active.values()),
+            self.arrivals[0].arrival_s if self.arrivals else math.inf,
+            self.next_round_s if self.active else math.inf,
+            *(live.finish_s(self.now_s) for live in self.active.values()),
         )
         if not math.isfinite(next_s):
-            break
-        for live in active.values():
-            live.advance(now_s, next_s)
-            held_device_s += len(live.devices) * (next_s - now_s)
-        now_s = next_s
-    first = min((j.arrival_s for j in trace), default=0.0)
-    makespan_s = max((r.end_s for r in results), default=first) - first
-    utilization = held_device_s / (len(cluster.devices) * makespan_s) if makespan_s > 0 else 0.0
-    return SimResult(
-        policy=policy,
-        jobs=tuple(sorted(results, key=lambda r: (r.arrival_s, r.name))),
-        makespan_s=makespan_s,
-        utilization=utilization,
-        decision_s_max=decision_s_max,
-        num_decisions=num_decisions,
-        num_reallocations=num_moves,
-    )
+            return False
+        for live in self.active.values():
+            live.advance(self.now_s, next_s)
+            self.held_device_s += len(live.devices) * (next_s - self.now_s)
+        self.now_s = next_s
+        return True
+
+    def result(self) -> SimResult:
+        first = min((j.arrival_s for j in self.trace), default=0.0)
+        makespan_s = max((r.end_s for r in self.results), default=first) - first
+        num_devices = len(self.cluster.devices)
+        utilization = self.held_device_s / (num_devices * makespan_s) if makespan_s > 0 else 0.0
+        return SimResult(
+            policy=self.policy,
+            jobs=tuple(sorted(self.results, key=lambda r: (r.arrival_s, r.name))),
+            makespan_s=makespan_s,
+            utilization=utilization,
+            decision_s_max=self.decision_s_max,
+            num_decisions=self.num_decisions,
+            num_reallocations=self.num_moves,
+        )
 
 
 def _apply(

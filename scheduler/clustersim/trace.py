@@ -1,36 +1,7 @@
 """Job traces for the cluster simulator: the CSV format, its reader, and a generator.
 
-Format: CSV with a header row. Required columns, in any order:
-
-- ``name``: unique job name;
-- ``arrival_s``: submission time in seconds from the start of the trace (>= 0);
-- ``model``: a model preset (``hetsched plan --help`` lists them);
-- ``global_batch``: samples per step (>= 1);
-- ``steps``: training steps to run (>= 1).
-
-Optional columns (an empty cell takes the default):
-
-- ``priority``: weight > 0, default 1;
-- ``min_devices``: the job waits rather than run on fewer, default 1;
-- ``max_devices``: never more than this; empty: as many as help.
-
-Example::
-
-    name,arrival_s,model,global_batch,steps,priority,min_devices,max_devices
-    bert-ish,0,gpt2-small,64,2000,,,4
-    big,120,gpt2-xl,32,500,2,2,8
-
-Every error names the row (as a spreadsheet numbers it, the header being row
-1), the column and what is allowed.
-
-The generator (:func:`generate_trace`) draws a mix like those of published
-cluster traces (Microsoft Philly, Jeon et al., ATC'19; as Gavel's generator,
-Narayanan et al., OSDI'20, resamples it): Poisson arrivals at a given rate,
-mostly small requests (1 GPU most often, up to 16), durations log-uniform
-from minutes to most of a day of one A100, and the GPT-2 family of presets
-with the batch sizes people train them at. Durations are turned into steps
-through the planner's rate on one A100-40GB, so a trace means the same
-amount of work on any cluster.
+The format is documented on :func:`parse_trace`, the generated mix on
+:func:`generate_trace`.
 """
 
 from __future__ import annotations
@@ -137,7 +108,31 @@ def _job(row: dict[str, str | None], line: int) -> TraceJob:
 
 
 def parse_trace(text: str) -> list[TraceJob]:
-    """Jobs of a trace document, sorted by arrival (ties keep file order)."""
+    """Jobs of a trace document, sorted by arrival (ties keep file order).
+
+    Format: CSV with a header row. Required columns, in any order:
+
+    - ``name``: unique job name;
+    - ``arrival_s``: submission time in seconds from the start of the trace (>= 0);
+    - ``model``: a model preset (``hetsched plan --help`` lists them);
+    - ``global_batch``: samples per step (>= 1);
+    - ``steps``: training steps to run (>= 1).
+
+    Optional columns (an empty cell takes the default):
+
+    - ``priority``: weight > 0, default 1;
+    - ``min_devices``: the job waits rather than run on fewer, default 1;
+    - ``max_devices``: never more than this; empty: as many as help.
+
+    Example::
+
+        name,arrival_s,model,global_batch,steps,priority,min_devices,max_devices
+        bert-ish,0,gpt2-small,64,2000,,,4
+        big,120,gpt2-xl,32,500,2,2,8
+
+    Every error names the row (as a spreadsheet numbers it, the header being row
+    1), the column and what is allowed.
+    """
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip() for h in reader.fieldnames or []]
     if not header:
@@ -216,7 +211,16 @@ def _draw(rng: random.Random, mix: dict[K, float]) -> K:
 
 
 def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[TraceJob]:
-    """``num_jobs`` jobs arriving as a Poisson process (module docstring); same seed, same trace."""
+    """``num_jobs`` jobs arriving as a Poisson process; same seed, same trace.
+
+    The mix is like those of published cluster traces (Microsoft Philly, Jeon et al.,
+    ATC'19; as Gavel's generator, Narayanan et al., OSDI'20, resamples it): Poisson
+    arrivals at a given rate, mostly small requests (1 GPU most often, up to 16),
+    durations log-uniform from minutes to most of a day of one A100, and the GPT-2
+    family of presets with the batch sizes people train them at. Durations are turned
+    into steps through the planner's rate on one A100-40GB, so a trace means the same
+    amount of work on any cluster.
+    """
     if num_jobs < 1:
         raise TraceError(f"--generate: must be >= 1 jobs, got {num_jobs}")
     if not (jobs_per_hour > 0 and math.isfinite(jobs_per_hour)):

@@ -150,6 +150,10 @@ class LayerProfile:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceProfile:
+    """One device's figures for one model: its memory budget, what the model states
+    and each sample take of it, and its time per micro-batch and per sample, with
+    the same under each recomputation mode and per layer where measured."""
+
     id: str
     node: str
     type: str

@@ -1,20 +1,8 @@
 """Profiles: what each device costs per micro-batch and per sample.
 
-A profile (DESIGN.md, "Profile") is the planner's only input about hardware.
-It comes either from measurement (``workers/`` profiler) or, to plan for
-clusters one does not have, from the GPU catalogue and a model preset
-(:func:`analytic_profile`): every piece of the model (embedding, block,
-head) as a roofline on the device's sustained FLOP/s and memory bandwidth
-(:mod:`scheduler.cost.roofline`), and its saved activations for the attention
-kernel the model runs (:mod:`scheduler.models.activations`).
-
-**Recomputation.** A device (and a per-layer block) may carry figures for
-``selective`` and ``full`` activation recomputation besides its plain ones
-(``"recompute": {"full": {"per_sample_bytes": …, "per_sample_s": …}}``): less
-memory per sample, more time. The profiler may measure them; where a
-document lacks them and its model is a known preset, they are derived from
-the plain figures by the analytic ratios of that model (bytes and time under
-the mode over bytes and time without), so measured figures stay the base.
+A profile (DESIGN.md, "Profile") is the planner's only input about hardware. It
+comes either from measurement (``workers/`` profiler) or, to plan for clusters one
+does not have, from the GPU catalogue and a model preset (:func:`analytic_profile`).
 """
 
 from __future__ import annotations
@@ -63,6 +51,9 @@ DEFAULT_EFFICIENCY = DEFAULT_FLOPS_SHARE
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Profile:
+    """A cluster's devices profiled for one model, with the links between them and
+    the gradient bytes a data-parallel step all-reduces: what every planner reads."""
+
     model: str
     devices: tuple[DeviceProfile, ...]
     links: Links = field(default_factory=Links)
@@ -120,7 +111,10 @@ def _num(
 
 
 def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
-    """The optional ``recompute`` object: figures per mode."""
+    """The optional ``recompute`` object: figures per mode, such as
+    ``{"full": {"per_sample_bytes": …, "per_sample_s": …}}`` (less memory per
+    sample, more time); where a document lacks them they may be derived
+    (:func:`scheduler.cost.costs.with_derived_recompute`)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -330,6 +324,11 @@ def analytic_profile(
     simulated: bool = False,
 ) -> Profile:
     """A profile of ``cluster`` training ``model``, from the catalogue alone.
+
+    Every piece of the model (embedding, block, head) is a roofline on the device's
+    sustained FLOP/s and memory bandwidth (:mod:`scheduler.cost.roofline`), with its
+    saved activations for the attention kernel the model runs
+    (:mod:`scheduler.models.activations`).
 
     ``efficiency``: one share of peak FLOP/s for every device instead of each GPU's
     own (:data:`scheduler.hardware.catalogue.DEFAULT_FLOPS_SHARE`, lower for power-capped cards).

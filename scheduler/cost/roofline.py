@@ -1,44 +1,18 @@
 """Analytic speed: every piece of the model as a roofline on a GPU of the catalogue.
 
-A kernel runs at the slower of two rates: its FLOPs at the share of peak
-tensor throughput training sustains, or the bytes it moves at the share of
-memory bandwidth streaming kernels reach (Williams, Waterman & Patterson,
-"Roofline", CACM 2009); shares per GPU in :mod:`scheduler.hardware.catalogue`. A
-training step runs its kernels one after another, so a piece's time is the sum
-over its kernel classes of each class's roofline:
+A kernel runs at the slower of its FLOPs at the share of peak tensor throughput
+training sustains and its bytes at the share of memory bandwidth streaming
+kernels reach (Williams, Waterman & Patterson, "Roofline", CACM 2009); shares per
+GPU in :mod:`scheduler.hardware.catalogue`, kernel classes in :func:`block_time`.
 
-- **matrix products** (QKV, output and MLP projections, the head): FLOPs
-  ``3·2·s·weights`` per sample (forward, then two products in backward:
-  Narayanan et al., SC'21), bytes their 16-bit inputs and outputs;
-  compute-bound at any micro-batch people train with;
-- **the attention core**: ``3·4·s²·h`` FLOPs; the fused kernels are
-  compute-bound, the ``math`` kernel also streams its score matrix;
-- **elementwise kernels** (norms, GELU/SwiGLU, residual adds, rotary
-  embeddings, the fp32 cross-entropy): few FLOPs, all bytes; bandwidth-bound.
-  Ivanov et al., "Data Movement Is All You Need" (MLSys 2021) measured that on
-  a V100 such kernels take about 40 % of BERT-large's training time while
-  doing 0.2 % of its FLOPs; their share shrinks as ``h`` grows;
-- **weights**: read in the forward pass and twice in the backward pass, once
-  per micro-batch whatever its size: the fixed time, with a launch overhead
-  per layer.
-
-The planners need a linear form, ``fixed_s + b·per_sample_s``; summing the
-weight reads and the per-sample roofline over-counts a compute-bound
-micro-batch by at most its weight-read time.
-
-Recomputation repeats forward work (:mod:`scheduler.models.activations`): the
-forward is one third of a piece's forward + backward for every kernel class,
-so ``full`` adds a third of the block's per-sample time and one more weight
-read; ``selective`` adds a third of the attention core's time.
-
-**Checked against published figures** (tests/scheduler/test_roofline.py): on
-a 2.7B-parameter GPT at micro-batch 1–4, relative speeds V100 : L4 ≈ 2.7 and
+Checked against published figures (tests/scheduler/test_roofline.py): on a
+2.7B-parameter GPT at micro-batch 1–4, relative speeds V100 : L4 ≈ 2.7 and
 T4 : L4 ≈ 1 (per-layer measurements quoted by issue 12), A100 : V100 within
 1.95×–2.5× for language models in fp16 (Lambda's estimate from NVIDIA's
 published numbers, "NVIDIA A100 GPU Benchmarks for Deep Learning", 2020), and
-the T4's sustained 24 TFLOP/s (a measured cuBLAS GEMM, see the catalogue).
-The model gives 2.6, 1.0 and 2.5. The L4's share is fitted to the first
-ratio; the others are not fitted.
+the T4's sustained 24 TFLOP/s (a measured cuBLAS GEMM, see the catalogue). The
+model gives 2.6, 1.0 and 2.5. The L4's share is fitted to the first ratio; the
+others are not fitted.
 """
 
 from __future__ import annotations
@@ -123,7 +97,35 @@ def _attention_core(model: ModelPreset, rates: Rates) -> float:
 
 
 def block_time(model: ModelPreset, rates: Rates, recompute: Recompute = "none") -> PieceTime:
-    """One transformer block on a device with ``rates``."""
+    """One transformer block on a device with ``rates``.
+
+    A training step runs its kernels one after another, so a piece's time is the sum
+    over its kernel classes of each class's roofline:
+
+    - **matrix products** (QKV, output and MLP projections, the head): FLOPs
+      ``3·2·s·weights`` per sample (forward, then two products in backward:
+      Narayanan et al., SC'21), bytes their 16-bit inputs and outputs;
+      compute-bound at any micro-batch people train with;
+    - **the attention core**: ``3·4·s²·h`` FLOPs; the fused kernels are
+      compute-bound, the ``math`` kernel also streams its score matrix;
+    - **elementwise kernels** (norms, GELU/SwiGLU, residual adds, rotary
+      embeddings, the fp32 cross-entropy): few FLOPs, all bytes; bandwidth-bound.
+      Ivanov et al., "Data Movement Is All You Need" (MLSys 2021) measured that on
+      a V100 such kernels take about 40 % of BERT-large's training time while
+      doing 0.2 % of its FLOPs; their share shrinks as ``h`` grows;
+    - **weights**: read in the forward pass and twice in the backward pass, once
+      per micro-batch whatever its size: the fixed time, with a launch overhead
+      per layer.
+
+    The planners need a linear form, ``fixed_s + b·per_sample_s``; summing the
+    weight reads and the per-sample roofline over-counts a compute-bound
+    micro-batch by at most its weight-read time.
+
+    Recomputation repeats forward work (:mod:`scheduler.models.activations`): the
+    forward is one third of a piece's forward + backward for every kernel class,
+    so ``full`` adds a third of the block's per-sample time and one more weight
+    read; ``selective`` adds a third of the attention core's time.
+    """
     s = model.seq_len
     matmul_weights = model.block_params - (
         4 * model.d_model if model.family == "gpt" else 2 * model.d_model

@@ -49,11 +49,6 @@ class GpuSpec:
     """Share of ``bandwidth_gbps`` that elementwise kernels reach."""
 
     @property
-    def sustained_tflops(self) -> float:
-        """Tensor TFLOP/s a training step's matrix products sustain."""
-        return self.peak_tflops * self.flops_share
-
-    @property
     def memory_bytes(self) -> int:
         return int(self.memory_gb * GIB)
 

@@ -1,32 +1,8 @@
 """Cluster specs: the YAML document that says which GPUs a cluster has.
 
-Format (DESIGN.md, "Cluster spec")::
-
-    name: mixed-lab
-    nodes:
-      - name: node-a
-        ray_node: 10.0.0.5       # optional: the Ray node its devices run on (see below)
-        devices:
-          - type: A100-80GB      # a catalogue key, any case
-            count: 2
-            memory_gb: 75        # optional override of the catalogue
-    links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
-    simulation:                                            # optional
-      memory_scale: 0.001
-      faults: [{device: node-a/0, at_step: 10, kind: slow, factor: 3}]
-
-Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
-
-``ray_node`` matters only when the service simulates the spec on an external
-Ray cluster (``hetsched serve --ray-address ADDR --cluster SPEC``): it names
-the Ray node that runs the node's simulated devices, by Ray node id, IP
-address or node name, or by a custom resource the operator gave that node
-(``ray start --resources='{"node-a": 1}'``). Without it the node's ``name``
-is looked up the same way (:func:`with_ray_nodes`). The embedded local Ray
-ignores it. Matching against live Ray nodes is ``workers.cluster.placement``'s job;
-this module only carries the name.
-Every error names the offending field (``nodes[1].devices[0].type``) and what
-is allowed; nothing here raises anything but :class:`SpecError`.
+The format is DESIGN.md's "Cluster spec" (an example in :func:`parse_cluster`).
+Every error names the offending field (``nodes[1].devices[0].type``) and what is
+allowed; nothing here raises anything but :class:`SpecError`.
 """
 
 from __future__ import annotations
@@ -48,6 +24,8 @@ DEFAULT_MEMORY_SCALE = 0.001
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Device:
+    """One GPU of the spec, with the memory and speed the spec or the catalogue gives it."""
+
     id: str
     """``NODE/INDEX``."""
     node: str
@@ -58,8 +36,12 @@ class Device:
     memory_gb: float
     peak_tflops: float
     ray_node: str | None = None
-    """The Ray node that runs this (simulated) device on an external Ray cluster: a
-    node id, IP address, node name or custom resource name; None: not placed by name."""
+    """The Ray node that runs this simulated device when the service simulates the
+    spec on an external Ray cluster (``hetsched serve --ray-address ADDR --cluster
+    SPEC``): a Ray node id, IP address, node name, or a custom resource the operator
+    gave that node (``ray start --resources='{"node-a": 1}'``). None: not placed by
+    name (:func:`with_ray_nodes` then uses the node's own name). The embedded local
+    Ray ignores it; :mod:`workers.cluster.placement` matches it against live nodes."""
 
     @property
     def memory_bytes(self) -> int:
@@ -87,6 +69,9 @@ class Simulation:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cluster:
+    """A parsed cluster spec: its devices (``NODE/INDEX`` ids, in spec order), the
+    links between them and the settings of its local simulation."""
+
     name: str
     devices: tuple[Device, ...]
     links: Links = field(default_factory=Links)
@@ -145,7 +130,25 @@ def _mapping(where: str, value: Any) -> dict[str, Any]:
 
 
 def parse_cluster(data: Any) -> Cluster:
-    """Validate a parsed YAML document and build the cluster it describes."""
+    """Validate a parsed YAML document and build the cluster it describes.
+
+    Format (DESIGN.md, "Cluster spec")::
+
+        name: mixed-lab
+        nodes:
+          - name: node-a
+            ray_node: 10.0.0.5       # optional: the Ray node its devices run on (see below)
+            devices:
+              - type: A100-80GB      # a catalogue key, any case
+                count: 2
+                memory_gb: 75        # optional override of the catalogue
+        links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
+        simulation:                                            # optional
+          memory_scale: 0.001
+          faults: [{device: node-a/0, at_step: 10, kind: slow, factor: 3}]
+
+    Device ids are ``NODE/INDEX``, the index counting a node's devices in order.
+    """
     top = _mapping("cluster", data)
     _check_keys("", top, {"name", "nodes", "links", "simulation"})
     name = top.get("name", "cluster")
@@ -154,100 +157,112 @@ def parse_cluster(data: Any) -> Cluster:
     nodes = top.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise SpecError("nodes: must be a non-empty list of nodes")
-
     devices: list[Device] = []
     seen_nodes: set[str] = set()
     for i, raw_node in enumerate(nodes):
-        node = _mapping(f"nodes[{i}]", raw_node)
-        _check_keys(f"nodes[{i}].", node, {"name", "devices", "ray_node"})
-        node_name = node.get("name")
-        if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
-            raise SpecError(f"nodes[{i}].name: must be a non-empty string without '/'")
-        if node_name in seen_nodes:
-            raise SpecError(f"nodes[{i}].name: duplicate node name {node_name!r}")
-        seen_nodes.add(node_name)
-        ray_node = node.get("ray_node")
-        if ray_node is not None and (not isinstance(ray_node, str) or not ray_node.strip()):
-            raise SpecError(
-                f"nodes[{i}].ray_node: must be a Ray node id, IP address, node name or "
-                f"custom resource name, got {ray_node!r}"
-            )
-        entries = node.get("devices")
-        if not isinstance(entries, list) or not entries:
-            raise SpecError(f"nodes[{i}].devices: must be a non-empty list")
-        index = 0
-        for j, raw_entry in enumerate(entries):
-            where = f"nodes[{i}].devices[{j}]"
-            entry = _mapping(where, raw_entry)
-            _check_keys(f"{where}.", entry, {"type", "count", "memory_gb", "tflops"})
-            gpu_type = entry.get("type")
-            if not isinstance(gpu_type, str):
-                raise SpecError(f"{where}.type: required; known: {', '.join(known_types())}")
-            try:
-                gpu = lookup(gpu_type)
-            except KeyError:
-                known = ", ".join(known_types())
-                raise SpecError(
-                    f"{where}.type: unknown GPU type {gpu_type!r}; known: {known}"
-                ) from None
-            count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
-            memory_gb = gpu.memory_gb
-            if "memory_gb" in entry:
-                memory_gb = _number(f"{where}.memory_gb", entry["memory_gb"], minimum=0.001)
-            tflops = gpu.peak_tflops
-            if "tflops" in entry:
-                tflops = _number(f"{where}.tflops", entry["tflops"], minimum=0.001)
-            for _ in range(count):
-                devices.append(
-                    Device(
-                        id=f"{node_name}/{index}",
-                        node=node_name,
-                        index=index,
-                        type=gpu.key,
-                        memory_gb=memory_gb,
-                        peak_tflops=tflops,
-                        ray_node=ray_node.strip() if ray_node is not None else None,
-                    )
-                )
-                index += 1
-
-    links = Links()
-    if "links" in top:
-        raw = _mapping("links", top["links"])
-        _check_keys("links.", raw, {"intra_node_gbps", "inter_node_gbps"})
-        links = Links(
-            intra_node_gbps=_number(
-                "links.intra_node_gbps",
-                raw.get("intra_node_gbps", links.intra_node_gbps),
-                minimum=0.001,
-            ),
-            inter_node_gbps=_number(
-                "links.inter_node_gbps",
-                raw.get("inter_node_gbps", links.inter_node_gbps),
-                minimum=0.001,
-            ),
-        )
+        devices += _node_devices(f"nodes[{i}]", raw_node, seen_nodes)
+    links = _links(_mapping("links", top["links"])) if "links" in top else Links()
     simulation = Simulation()
     if "simulation" in top:
-        raw = _mapping("simulation", top["simulation"])
-        _check_keys("simulation.", raw, {"memory_scale", "faults"})
-        raw_faults = raw.get("faults", [])
-        if raw_faults is None:
-            raw_faults = []
-        if not isinstance(raw_faults, list):
-            raise SpecError(f"simulation.faults: must be a list, got {type(raw_faults).__name__}")
-        ids = [d.id for d in devices]
-        simulation = Simulation(
-            memory_scale=_number(
-                "simulation.memory_scale",
-                raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
-                minimum=1e-9,
-            ),
-            faults=tuple(
-                fault_from_dict(f"simulation.faults[{i}]", f, ids) for i, f in enumerate(raw_faults)
-            ),
-        )
+        simulation = _simulation(_mapping("simulation", top["simulation"]), [d.id for d in devices])
     return Cluster(name=name, devices=tuple(devices), links=links, simulation=simulation)
+
+
+def _node_devices(where: str, raw_node: Any, seen_nodes: set[str]) -> list[Device]:
+    """The devices of one ``nodes[i]`` entry, numbered in order; adds its name to
+    ``seen_nodes``."""
+    node = _mapping(where, raw_node)
+    _check_keys(f"{where}.", node, {"name", "devices", "ray_node"})
+    node_name = node.get("name")
+    if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
+        raise SpecError(f"{where}.name: must be a non-empty string without '/'")
+    if node_name in seen_nodes:
+        raise SpecError(f"{where}.name: duplicate node name {node_name!r}")
+    seen_nodes.add(node_name)
+    ray_node = node.get("ray_node")
+    if ray_node is not None and (not isinstance(ray_node, str) or not ray_node.strip()):
+        raise SpecError(
+            f"{where}.ray_node: must be a Ray node id, IP address, node name or "
+            f"custom resource name, got {ray_node!r}"
+        )
+    entries = node.get("devices")
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"{where}.devices: must be a non-empty list")
+    devices: list[Device] = []
+    for j, raw_entry in enumerate(entries):
+        gpu_key, count, memory_gb, tflops = _device_entry(f"{where}.devices[{j}]", raw_entry)
+        for _ in range(count):
+            index = len(devices)
+            devices.append(
+                Device(
+                    id=f"{node_name}/{index}",
+                    node=node_name,
+                    index=index,
+                    type=gpu_key,
+                    memory_gb=memory_gb,
+                    peak_tflops=tflops,
+                    ray_node=ray_node.strip() if ray_node is not None else None,
+                )
+            )
+    return devices
+
+
+def _device_entry(where: str, raw_entry: Any) -> tuple[str, int, float, float]:
+    """``(catalogue key, count, memory_gb, peak TFLOP/s)`` of one ``devices[j]`` entry."""
+    entry = _mapping(where, raw_entry)
+    _check_keys(f"{where}.", entry, {"type", "count", "memory_gb", "tflops"})
+    gpu_type = entry.get("type")
+    if not isinstance(gpu_type, str):
+        raise SpecError(f"{where}.type: required; known: {', '.join(known_types())}")
+    try:
+        gpu = lookup(gpu_type)
+    except KeyError:
+        known = ", ".join(known_types())
+        raise SpecError(f"{where}.type: unknown GPU type {gpu_type!r}; known: {known}") from None
+    count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
+    memory_gb = gpu.memory_gb
+    if "memory_gb" in entry:
+        memory_gb = _number(f"{where}.memory_gb", entry["memory_gb"], minimum=0.001)
+    tflops = gpu.peak_tflops
+    if "tflops" in entry:
+        tflops = _number(f"{where}.tflops", entry["tflops"], minimum=0.001)
+    return gpu.key, count, memory_gb, tflops
+
+
+def _links(raw: dict[str, Any]) -> Links:
+    _check_keys("links.", raw, {"intra_node_gbps", "inter_node_gbps"})
+    default = Links()
+    return Links(
+        intra_node_gbps=_number(
+            "links.intra_node_gbps",
+            raw.get("intra_node_gbps", default.intra_node_gbps),
+            minimum=0.001,
+        ),
+        inter_node_gbps=_number(
+            "links.inter_node_gbps",
+            raw.get("inter_node_gbps", default.inter_node_gbps),
+            minimum=0.001,
+        ),
+    )
+
+
+def _simulation(raw: dict[str, Any], ids: list[str]) -> Simulation:
+    _check_keys("simulation.", raw, {"memory_scale", "faults"})
+    raw_faults = raw.get("faults", [])
+    if raw_faults is None:
+        raw_faults = []
+    if not isinstance(raw_faults, list):
+        raise SpecError(f"simulation.faults: must be a list, got {type(raw_faults).__name__}")
+    return Simulation(
+        memory_scale=_number(
+            "simulation.memory_scale",
+            raw.get("memory_scale", DEFAULT_MEMORY_SCALE),
+            minimum=1e-9,
+        ),
+        faults=tuple(
+            fault_from_dict(f"simulation.faults[{i}]", f, ids) for i, f in enumerate(raw_faults)
+        ),
+    )
 
 
 def with_faults(cluster: Cluster, faults: list[Fault] | tuple[Fault, ...]) -> Cluster:

@@ -1,26 +1,9 @@
 """Fault injection for the simulation: which device fails or slows, and when.
 
-A cluster spec's ``simulation.faults`` (DESIGN.md, "Cluster spec") and the
-command line's repeatable ``--fault`` both become :class:`Fault` records::
-
-    simulation:
-      faults:
-        - {device: node-b/1, at_step: 40, kind: lost}
-        - {device: node-a/0, at_step: 10, kind: slow, factor: 3.0}
-        - {device: node-a/0, at_step: 30, kind: restore}
-
-    hetsched simulate --fault node-b/1@40:lost --fault node-a/0@10:slow=3
-
-Kinds: ``crash`` (the device's process dies during the step; the device itself
-stays usable and its worker can be restarted), ``lost`` (the device is gone
-until a ``restore``), ``slow`` (every step takes ``factor`` times as long on
-it, until a ``restore``; a factor below 1 speeds it up) and ``restore`` (the
-device is back at its profiled speed; a lost device is back in the cluster).
-
-A fault at step ``N`` takes effect at the start of step ``N``: step ``N`` is
-the first step it touches. :class:`FaultSchedule` answers what the simulated
-devices and the job driver need at each step: the faults that fire now, the
-slow-down factor in force on a device and the devices that are lost.
+A cluster spec's ``simulation.faults`` (DESIGN.md, "Cluster spec") and the command
+line's repeatable ``--fault`` both become :class:`Fault` records; a
+:class:`FaultSchedule` answers, step by step, what the simulated devices and the
+job driver need.
 """
 
 from __future__ import annotations
@@ -43,7 +26,25 @@ _FAULT_RE = re.compile(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Fault:
-    """One injected event on one simulated device."""
+    """One injected event on one simulated device.
+
+    A cluster spec's ``simulation.faults`` (DESIGN.md, "Cluster spec") and the
+    command line's repeatable ``--fault`` both become :class:`Fault` records::
+
+        simulation:
+          faults:
+            - {device: node-b/1, at_step: 40, kind: lost}
+            - {device: node-a/0, at_step: 10, kind: slow, factor: 3.0}
+            - {device: node-a/0, at_step: 30, kind: restore}
+
+        hetsched simulate --fault node-b/1@40:lost --fault node-a/0@10:slow=3
+
+    Kinds: ``crash`` (the device's process dies during the step; the device itself
+    stays usable and its worker can be restarted), ``lost`` (the device is gone
+    until a ``restore``), ``slow`` (every step takes ``factor`` times as long on
+    it, until a ``restore``; a factor below 1 speeds it up) and ``restore`` (the
+    device is back at its profiled speed; a lost device is back in the cluster).
+    """
 
     device: str
     """Device id, ``NODE/INDEX``."""
@@ -157,6 +158,9 @@ class FaultSchedule:
     >>> s = FaultSchedule([parse_fault("a/0@10:slow=3"), parse_fault("a/0@30:restore")])
     >>> s.slowdown("a/0", 9), s.slowdown("a/0", 10), s.slowdown("a/0", 30)
     (1.0, 3.0, 1.0)
+
+    A fault at step ``N`` takes effect at the start of step ``N``: step ``N`` is
+    the first step it touches.
     """
 
     def __init__(self, faults: Iterable[Fault]) -> None:

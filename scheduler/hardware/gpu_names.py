@@ -1,19 +1,9 @@
 """Which catalogue entry a real GPU is, from the name and memory its driver reports.
 
-Ray tells only one accelerator type per node, and only the model ("A100"),
-so hetsched asks each node's driver for every GPU's own name and memory
-(``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``)
-and maps each GPU here: the catalogue model that spells the longest run of
-the reported name's leading words (``RTX 4090``, ``H100 PCIe``; whole words,
-so ``A10`` is not ``A100`` and ``L4`` is not ``L40S``), then of that
-model's entries the one whose memory is nearest the reported memory.
-
->>> catalogue_key("NVIDIA A100-SXM4-40GB", 40 * 1024)
-'A100-40GB'
->>> catalogue_key("Tesla V100-SXM2-16GB", 16 * 1024)
-'V100-16GB'
->>> catalogue_key("NVIDIA GeForce RTX 4090", 24564)
-'RTX4090-24GB'
+Ray tells only one accelerator type per node, and only the model ("A100"), so
+hetsched asks each node's driver for every GPU's own name and memory
+(``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``) and
+maps each GPU with :func:`catalogue_key`.
 """
 
 from __future__ import annotations
@@ -49,7 +39,20 @@ def _model(gpu: GpuSpec) -> str:
 
 
 def catalogue_key(name: str, memory_mib: int) -> str:
-    """The catalogue key of a GPU the driver calls ``name`` with ``memory_mib`` MiB."""
+    """The catalogue key of a GPU the driver calls ``name`` with ``memory_mib`` MiB.
+
+    It is the catalogue model that spells the longest run of
+    the reported name's leading words (``RTX 4090``, ``H100 PCIe``; whole words,
+    so ``A10`` is not ``A100`` and ``L4`` is not ``L40S``), then of that
+    model's entries the one whose memory is nearest the reported memory.
+
+    >>> catalogue_key("NVIDIA A100-SXM4-40GB", 40 * 1024)
+    'A100-40GB'
+    >>> catalogue_key("Tesla V100-SXM2-16GB", 16 * 1024)
+    'V100-16GB'
+    >>> catalogue_key("NVIDIA GeForce RTX 4090", 24564)
+    'RTX4090-24GB'
+    """
     runs = _leading_runs(name)
     matches = [gpu for gpu in CATALOGUE.values() if _model(gpu) in runs]
     longest = max((len(_model(g)) for g in matches), default=0)

@@ -19,6 +19,7 @@ Legend: ``s`` sequence length, ``h`` d_model, ``a`` heads, ``L`` layers,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -41,6 +42,9 @@ GRADIENT_BYTES_PER_PARAM = 2
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelPreset:
+    """A transformer's shape, and the analytic sizes derived from it: parameters,
+    model states, activations per sample and FLOPs per token."""
+
     name: str
     family: Family
     """``gpt``: LayerNorm, GELU MLP, biases, learned positions, tied head.
@@ -231,7 +235,8 @@ class ModelPreset:
         return 2 * self.seq_len * self.d_model
 
 
-def _gpt2(name: str, num_layers: int, d_model: int, num_heads: int) -> ModelPreset:
+def _gpt2(name: str, *, num_layers: int, d_model: int, num_heads: int) -> ModelPreset:
+    """A GPT-2 size: 4× MLP, its BPE vocabulary and 1024-token context."""
     return ModelPreset(
         name=name,
         family="gpt",
@@ -244,33 +249,35 @@ def _gpt2(name: str, num_layers: int, d_model: int, num_heads: int) -> ModelPres
     )
 
 
+_llama2 = functools.partial(ModelPreset, family="llama", vocab_size=32000, seq_len=4096)
+"""A Llama 2 size: its 32k SentencePiece vocabulary and 4096-token context."""
+_on_cpu = functools.partial(ModelPreset, vocab_size=256)
+"""Small enough to train on a CPU in the simulation: byte vocabulary."""
+
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
-        # Small enough to train on a CPU in the simulation: byte vocabulary.
-        ModelPreset(
+        _on_cpu(
             name="gpt-tiny",
             family="gpt",
             num_layers=4,
             d_model=128,
             num_heads=4,
             d_ff=512,
-            vocab_size=256,
             seq_len=64,
         ),
-        ModelPreset(
+        _on_cpu(
             name="gpt-small-cpu",
             family="gpt",
             num_layers=8,
             d_model=256,
             num_heads=8,
             d_ff=1024,
-            vocab_size=256,
             seq_len=128,
         ),
-        # The llama family's CPU counterpart of gpt-tiny: grouped-query attention
-        # (two query heads per key/value head) and a SwiGLU width of about 8/3·h.
-        ModelPreset(
+        # The llama family's counterpart of gpt-tiny: grouped-query attention (two
+        # query heads per key/value head) and a SwiGLU width of about 8/3·h.
+        _on_cpu(
             name="llama-tiny",
             family="llama",
             num_layers=4,
@@ -278,33 +285,14 @@ PRESETS: dict[str, ModelPreset] = {
             num_heads=4,
             num_kv_heads=2,
             d_ff=352,
-            vocab_size=256,
             seq_len=64,
         ),
-        _gpt2("gpt2-small", 12, 768, 12),
-        _gpt2("gpt2-medium", 24, 1024, 16),
-        _gpt2("gpt2-large", 36, 1280, 20),
-        _gpt2("gpt2-xl", 48, 1600, 25),
-        ModelPreset(
-            name="llama-7b",
-            family="llama",
-            num_layers=32,
-            d_model=4096,
-            num_heads=32,
-            d_ff=11008,
-            vocab_size=32000,
-            seq_len=4096,
-        ),
-        ModelPreset(
-            name="llama-13b",
-            family="llama",
-            num_layers=40,
-            d_model=5120,
-            num_heads=40,
-            d_ff=13824,
-            vocab_size=32000,
-            seq_len=4096,
-        ),
+        _gpt2("gpt2-small", num_layers=12, d_model=768, num_heads=12),
+        _gpt2("gpt2-medium", num_layers=24, d_model=1024, num_heads=16),
+        _gpt2("gpt2-large", num_layers=36, d_model=1280, num_heads=20),
+        _gpt2("gpt2-xl", num_layers=48, d_model=1600, num_heads=25),
+        _llama2(name="llama-7b", num_layers=32, d_model=4096, num_heads=32, d_ff=11008),
+        _llama2(name="llama-13b", num_layers=40, d_model=5120, num_heads=40, d_ff=13824),
     ]
 }
 

@@ -1,7 +1,7 @@
 """``auto``: plan every strategy that fits and keep the fastest predicted.
 
 Candidates are ``dp`` (the optimal uneven data-parallel split of
-:mod:`scheduler.planning.planner`), ``pp`` (:mod:`scheduler.planning.pipeline`) and ``hybrid``
+:mod:`scheduler.planning.dp`), ``pp`` (:mod:`scheduler.planning.pipeline`) and ``hybrid``
 (:mod:`scheduler.planning.hybrid`); ``even`` and ``proportional`` are what DDP-style
 trainers would do and are reported as baselines, never chosen. A strategy
 that cannot plan (nothing fits, no per-layer figures) is listed with its
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from scheduler.cost.profile import Profile
 from scheduler.errors import PlanError
-from scheduler.planning.dp import plan_dp
+from scheduler.planning.dp import baseline_of, plan_dp
 from scheduler.planning.hybrid import plan_hybrid
 from scheduler.planning.pipeline import plan_pp
 from scheduler.planning.plan import Baseline, Plan
@@ -115,10 +115,7 @@ def plan_auto(profile: Profile, global_batch: int) -> Plan:
     notes = (f"auto considered: {'; '.join(considered)}", _why(winner, plans), *winner.notes)
     baselines: dict[str, Baseline] = dict(winner.baselines)
     for name, plan in plans.items():
-        baselines[name] = Baseline(
-            predicted_step_s=plan.predicted_step_s,
-            predicted_samples_per_s=plan.predicted_samples_per_s,
-        )
+        baselines[name] = baseline_of(plan)
     return Plan(
         strategy=winner.strategy,
         global_batch=winner.global_batch,

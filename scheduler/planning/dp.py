@@ -1,49 +1,9 @@
 """Data-parallel planners: ``dp`` (optimal uneven split), ``even`` and ``proportional``.
 
-``dp`` minimises the slowest device's busy time exactly under the cost model
-of :mod:`scheduler.cost.costmodel`. Why it is optimal: each device's busy time
-``b_i(n) = ceil(n/m_i)·f_i + n·p_i`` is non-decreasing in ``n``, so for any
-time budget ``T`` device ``i`` can take at most ``cap_i(T) = max{n : b_i(n) ≤ T}``
-samples and a split with slowest busy time ``≤ T`` exists iff
-``Σ cap_i(T) ≥ B``. That predicate is monotone in ``T``, so the optimum ``T*``
-is the smallest value of the finite set ``{b_i(n)}`` where it holds. We
-bisect on ``T`` until the bracket ``(lo, hi]`` cannot shrink further
-(``Σ cap(lo) < B ≤ Σ cap(hi)``), start from ``cap(lo)`` and hand out the
-``B − Σ cap(lo)`` missing samples one at a time to the device whose next
-sample ends earliest (a heap). That greedy step never exceeds ``T*``: every
-device starts at or below ``T*``, and while fewer than ``B`` samples are
-placed some device ``i`` holds fewer than ``cap_i(T*)`` samples, so the
-cheapest next sample costs at most ``T*``. The result's slowest busy time is
-therefore exactly ``T*``, whatever the bisection's floating-point end point.
-Using each device's largest fitting micro-batch is optimal too: for fixed
-``n`` fewer micro-batches are never slower.
-
-**Recomputation inside the exact split.** A device may run in up to three
-modes ``r`` (``none``, ``selective``, ``full`` activation recomputation), each
-with its own ``(m_ir, f_ir, p_ir)``: less memory per sample buys larger
-micro-batches at more time per sample. Its busy time is the discrete minimum
-``b_i(n) = min_r b_ir(n)`` over the modes in which one sample fits. A minimum
-of non-decreasing functions is non-decreasing, so everything above holds with
-``b_i`` in place of the single-mode busy time: ``cap_i(T) = max_r cap_ir(T)``
-(vectorised over the modes), the bisection and the greedy hand-out use the
-same ``b_i``, and the split's slowest busy time is exactly ``T*`` over all
-splits *and* all per-device mode choices. Each device then runs the mode that
-attains ``b_i`` at its final ``n`` (ties go to less recomputation), which is
-within its memory by construction. Devices may end with zero samples
-when that is faster; they then sit out the all-reduce. The all-reduce term
-depends only on who takes part, so the planner also considers the fastest
-single node alone (intra-node links) and keeps whichever total step time is
-lower.
-
-``even`` gives every device that can hold the model the same share (DDP), as
-equal as integers allow; ``proportional`` shares by device speed
-(``1/per_sample_s``: peak TFLOP/s for analytic profiles, measured speed for
-measured ones) with largest-remainder rounding. Both cap micro-batches by
-memory and accumulate.
-
-Speed: the search and the baselines run on NumPy arrays of the usable
-devices; only the returned plan builds one :class:`DevicePlan` per device, so
-16,384 devices plan, baselines included, in a fraction of a second.
+``dp`` minimises the slowest device's busy time exactly under the cost model of
+:mod:`scheduler.cost.costmodel` (the argument is :func:`_optimal`'s); ``even`` is
+what DDP does, ``proportional`` shares by device speed. All three work on NumPy
+arrays of the usable devices, so 16,384 devices plan in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -219,6 +179,33 @@ def _caps(t: float, f: FloatArray, p: FloatArray, m: IntArray, batch: int) -> In
 
 
 def _optimal(group: _Group, global_batch: int) -> IntArray:
+    """Samples per device minimising the slowest busy time, exactly.
+
+    Why it is optimal: each device's busy time ``b_i(n) = ceil(n/m_i)·f_i + n·p_i``
+    is non-decreasing in ``n``, so for any time budget ``T`` device ``i`` can take
+    at most ``cap_i(T) = max{n : b_i(n) ≤ T}`` samples and a split with slowest
+    busy time ``≤ T`` exists iff ``Σ cap_i(T) ≥ B``. That predicate is monotone in
+    ``T``, so the optimum ``T*`` is the smallest value of the finite set
+    ``{b_i(n)}`` where it holds. We bisect on ``T`` until the bracket ``(lo, hi]``
+    cannot shrink further (``Σ cap(lo) < B ≤ Σ cap(hi)``), start from ``cap(lo)``
+    and hand out the ``B − Σ cap(lo)`` missing samples one at a time to the device
+    whose next sample ends earliest (a heap). That greedy step never exceeds
+    ``T*``: every device starts at or below ``T*``, and while fewer than ``B``
+    samples are placed some device ``i`` holds fewer than ``cap_i(T*)`` samples,
+    so the cheapest next sample costs at most ``T*``. The result's slowest busy
+    time is therefore exactly ``T*``, whatever the bisection's floating-point end
+    point. Using each device's largest fitting micro-batch is optimal too: for
+    fixed ``n`` fewer micro-batches are never slower.
+
+    Recomputation: a device may run in up to three modes ``r`` (``none``,
+    ``selective``, ``full``), each with its own ``(m_ir, f_ir, p_ir)``; its busy
+    time is the minimum ``b_i(n) = min_r b_ir(n)`` over the modes in which one
+    sample fits. A minimum of non-decreasing functions is non-decreasing, so all
+    of the above holds with that ``b_i``: ``cap_i(T) = max_r cap_ir(T)``, and the
+    slowest busy time is exactly ``T*`` over all splits *and* all per-device mode
+    choices. Each device then runs the mode that attains ``b_i`` at its final
+    ``n`` (ties go to less recomputation), within its memory by construction.
+    """
     f, p = group.fixed_s, group.per_sample_s
     m = np.minimum(group.max_micro, global_batch)
     lo = 0.0
@@ -260,7 +247,7 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
 
 
 def optimal_split(devices: Sequence[DeviceProfile], global_batch: int) -> list[int]:
-    """Samples per device minimising the slowest busy time (see module docstring).
+    """Samples per device minimising the slowest busy time (see :func:`_optimal`).
 
     Every device must fit a micro-batch of one sample (see :func:`split_fitting`).
     """
@@ -290,10 +277,13 @@ def proportional_split(weights: Sequence[float], global_batch: int) -> list[int]
 
 
 def _even(group: _Group, global_batch: int) -> IntArray:
+    """DDP's split: every usable device the same share, as equal as integers allow."""
     return _largest_remainder(np.ones(len(group.devices)), global_batch)
 
 
 def _proportional(group: _Group, global_batch: int) -> IntArray:
+    """Shares by speed (``1/per_sample_s``: peak TFLOP/s for analytic profiles,
+    measured speed for measured ones), largest remainder rounding."""
     return _largest_remainder(1.0 / group.fastest_per_sample_s, global_batch)
 
 
@@ -361,6 +351,13 @@ def _build(
 
 
 def _dp(profile: Profile, group: _Group, excluded: list[Excluded], global_batch: int) -> Plan:
+    """The optimal split, or a cheaper-to-reduce one when its step is faster.
+
+    Devices may end with zero samples when that is faster; they then sit out the
+    all-reduce. The all-reduce term depends only on who takes part, so the
+    fastest single node alone (intra-node links) is planned too and the lower
+    total step time kept.
+    """
     samples = _optimal(group, global_batch)
     if len(group.nodes) > 1 and profile.gradient_bytes > 0:
         # The fastest node alone avoids the inter-node all-reduce; keep it when faster.
@@ -437,3 +434,22 @@ def _baselines(profile: Profile, group: _Group, global_batch: int) -> dict[str, 
             predicted_samples_per_s=global_batch / step if step > 0 else 0.0,
         )
     return out
+
+
+def plan_with_baselines(profile: Profile, global_batch: int, strategy: str) -> Plan:
+    """The ``strategy`` plan (one of :data:`DP_PLANNERS`) with the ``even`` and
+    ``proportional`` baselines, the devices grouped once for all three."""
+    check_global_batch(global_batch)
+    group, excluded = _prepare(profile)
+    plan = _plan(strategy, profile, group, excluded, global_batch)
+    return plan.with_baselines(_baselines(profile, group, global_batch))
+
+
+def dp_baselines(profile: Profile, global_batch: int, *, with_dp: bool) -> dict[str, Baseline]:
+    """The ``even`` and ``proportional`` baselines, and ``dp`` when ``with_dp``, for a
+    plan of another strategy; :class:`PlanError` when no device holds the whole model."""
+    group, excluded = _prepare(profile)
+    baselines = _baselines(profile, group, global_batch)
+    if with_dp:
+        baselines["dp"] = baseline_of(_dp(profile, group, excluded, global_batch))
+    return baselines

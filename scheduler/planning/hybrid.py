@@ -1,42 +1,14 @@
 """Hybrid plans (``hybrid``): several uneven pipelines side by side, data-parallel across them.
 
-Each pipeline is partitioned exactly as in :mod:`scheduler.planning.stages` (with the
-conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
-valid whatever share it gets, and each stage's recomputation mode chosen
-there). The global batch is cut into ``M`` micro-batches
-of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
-micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
-pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
-takes ``Σ_s t_s + (m_j − 1)·max_s t_s`` plus its boundary transfers. Handing
-the ``M`` micro-batches out one by one to the pipeline that would finish
-earliest with it (a heap) minimises the slowest pipeline exactly, because each
-pipeline's time is non-decreasing in its count (the same argument as the
-data-parallel planner's). Pipelines may get none and sit out.
-
-Gradients: every piece of the model (embedding, each block, head) is held by
-one device per active pipeline; its gradient is SUM-all-reduced among those
-holders. Every pipeline scales its loss by ``global_batch·seq_len`` (DESIGN.md,
-"Correctness"), so each holder's gradient is already weighted by its
-pipeline's share of the batch and the sum is the full-batch gradient: the
-update equals single-device training. Consecutive pieces with the same holders
-form one all-reduce; a device's sync time is the sum of its rings (each over
-the slowest link among its holders), and the step pays the slowest device's.
-
-Grouping devices into pipelines (every variant is planned, the fastest kept):
-``node`` — one pipeline per node (fast intra-node activation links), nodes
-too small for the model chained with the next smaller ones until they fit;
-``type`` — devices of one type on one node form pipelines of the shortest
-length that holds the model (and of twice that, fewer bubbles per device vs.
-larger micro-batches), leftovers chained by memory; ``single`` — the best
-single pipeline over all devices (the ``pp`` plan). Identical pipelines are
-partitioned once (memoised by their devices' figures), which keeps a
-512-device plan to about a second.
+Each pipeline is partitioned as in :mod:`scheduler.planning.stages`; pipelines get
+uneven micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
+pipeline templates different shares (:func:`allocate`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
@@ -113,13 +85,14 @@ class Partitioner:
 
 
 def _chain_until_fit(
-    pool: list[DeviceProfile], fits: Partitioner
+    units: Iterable[Sequence[DeviceProfile]], fits: Partitioner
 ) -> tuple[list[Group], list[DeviceProfile]]:
-    """Cut ``pool`` (in order) into consecutive pipelines, each as short as fits."""
+    """Cut ``units`` (in order; a unit is one device or a whole node) into consecutive
+    pipelines, each of as few units as fits; the devices left over that fit no pipeline."""
     groups: list[Group] = []
     current: list[DeviceProfile] = []
-    for d in pool:
-        current.append(d)
+    for unit in units:
+        current.extend(unit)
         group = pipeline_order(current)
         if fits.fits(group):
             groups.append(group)
@@ -132,14 +105,7 @@ def group_by_node(devices: Sequence[DeviceProfile], fits: Partitioner) -> list[G
     for d in devices:
         nodes.setdefault(d.node, []).append(d)
     ordered = sorted(nodes.values(), key=lambda ds: -sum(d.capacity_bytes for d in ds))
-    groups: list[Group] = []
-    current: list[DeviceProfile] = []
-    for node_devices in ordered:
-        current.extend(node_devices)
-        group = pipeline_order(current)
-        if fits.fits(group):
-            groups.append(group)
-            current = []
+    groups, current = _chain_until_fit(ordered, fits)
     if current and groups:  # too small alone: lengthen the last pipeline
         merged = pipeline_order([*groups[-1], *current])
         if fits.fits(merged):
@@ -166,7 +132,7 @@ def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: 
         groups += [tuple(members[i * q : (i + 1) * q]) for i in range(whole)]
         leftovers.extend(members[whole * q :])
     leftovers.sort(key=lambda d: (-d.capacity_bytes, d.id))
-    more, _ = _chain_until_fit(leftovers, fits)
+    more, _ = _chain_until_fit(([d] for d in leftovers), fits)
     return groups + more
 
 
@@ -188,7 +154,21 @@ class HybridChoice:
 def allocate(
     chains: Sequence[Chain], pipe_comm_s: Sequence[float], num_micro_batches: int
 ) -> list[int]:
-    """Micro-batches per pipeline minimising the slowest pipeline (module docstring)."""
+    """Micro-batches per pipeline minimising the slowest pipeline.
+
+    Each pipeline is partitioned exactly as in :mod:`scheduler.planning.stages` (with the
+    conservative 1F1B memory of ``p − s`` micro-batches in flight on stage ``s``,
+    valid whatever share it gets, and each stage's recomputation mode chosen
+    there). The global batch is cut into ``M`` micro-batches
+    of one size ``b`` (as equal as integers allow) and pipelines get *uneven*
+    micro-batch counts, as Oobleck (Jang et al., SOSP 2023) gives heterogeneous
+    pipeline templates different shares: pipeline ``j`` with ``m_j`` micro-batches
+    takes ``Σ_s t_s + (m_j − 1)·max_s t_s`` plus its boundary transfers. Handing
+    the ``M`` micro-batches out one by one to the pipeline that would finish
+    earliest with it (a heap) minimises the slowest pipeline exactly, because each
+    pipeline's time is non-decreasing in its count (the same argument as the
+    data-parallel planner's). Pipelines may get none and sit out.
+    """
     counts = [0] * len(chains)
     heap = [(c.compute_s(1) + pipe_comm_s[j], j) for j, c in enumerate(chains)]
     heapq.heapify(heap)
@@ -200,7 +180,17 @@ def allocate(
 
 
 def sync_s(chains: Sequence[Chain], profile: Profile, tied: Tied) -> float:
-    """Gradient all-reduce among the holders of each piece (module docstring)."""
+    """Gradient all-reduce among the holders of each piece.
+
+    Gradients: every piece of the model (embedding, each block, head) is held by
+    one device per active pipeline; its gradient is SUM-all-reduced among those
+    holders. Every pipeline scales its loss by ``global_batch·seq_len`` (DESIGN.md,
+    "Correctness"), so each holder's gradient is already weighted by its
+    pipeline's share of the batch and the sum is the full-batch gradient: the
+    update equals single-device training. Consecutive pieces with the same holders
+    form one all-reduce; a device's sync time is the sum of its rings (each over
+    the slowest link among its holders), and the step pays the slowest device's.
+    """
     lp = layers_of(chains[0].stages[0].device)
     total_static = (
         lp.embed.static_bytes + lp.num_blocks * lp.block.static_bytes + lp.head.static_bytes
@@ -283,7 +273,18 @@ def evaluate(
 
 
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
-    """Pipelines side by side with uneven shares (module docstring)."""
+    """Pipelines side by side with uneven shares.
+
+    Grouping devices into pipelines (every variant is planned, the fastest kept):
+    ``node`` — one pipeline per node (fast intra-node activation links), nodes
+    too small for the model chained with the next smaller ones until they fit;
+    ``type`` — devices of one type on one node form pipelines of the shortest
+    length that holds the model (and of twice that, fewer bubbles per device vs.
+    larger micro-batches), leftovers chained by memory; ``single`` — the best
+    single pipeline over all devices (the ``pp`` plan). Identical pipelines are
+    partitioned once (memoised by their devices' figures), which keeps a
+    512-device plan to about a second.
+    """
     check_global_batch(global_batch)
     usable = layer_usable(profile)
     tied = tied_embedding(profile)

@@ -2,22 +2,7 @@
 
 The cost model and the exact partition for a fixed order of devices live in
 :mod:`scheduler.planning.stages`; this module chooses the order, the chain and the
-micro-batch size, and turns the best into a plan.
-
-**Order and chain.** Devices are tried in a few orders and the best predicted
-step is kept: (1) memory descending, so the largest devices take the early,
-activation-heavy stages (ties: faster first); (2) grouped by node (nodes by
-total memory, then memory descending inside), so only one boundary crosses
-each node pair and activations travel the fast intra-node links; (3) speed
-descending. For each order the chain may leave devices out: it uses the ``k``
-fastest or the ``k`` largest devices (order kept) for every useful ``k``,
-since a slow stage or a longer bubble can cost more than it brings. Micro-batch
-sizes are tried over powers of two (and the whole batch); the global batch
-is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow; among
-plans predicted within 5 % of the fastest the one with the largest micro-batches
-is kept (:data:`LARGER_MICRO_BATCH_MARGIN`). Each stage runs its blocks with
-the activation recomputation its partition chose (:mod:`scheduler.planning.stages`);
-the plan entry says which in ``recompute``.
+micro-batch size (:func:`plan_pp`), and turns the best into a plan.
 """
 
 from __future__ import annotations
@@ -70,7 +55,7 @@ def speed_key(d: DeviceProfile) -> float:
 
 
 def candidate_orders(devices: Sequence[DeviceProfile]) -> list[tuple[DeviceProfile, ...]]:
-    """The device orders tried (module docstring), without duplicates."""
+    """The device orders tried (see :func:`plan_pp`), without duplicates."""
     by_memory = sorted(devices, key=lambda d: (-d.capacity_bytes, speed_key(d), d.id))
     node_memory: dict[str, int] = {}
     for d in devices:
@@ -265,7 +250,23 @@ def layer_usable(profile: Profile) -> list[DeviceProfile]:
 
 
 def plan_pp(profile: Profile, global_batch: int) -> Plan:
-    """One pipeline, uneven stages, 1F1B (module docstring)."""
+    """One pipeline, uneven stages, 1F1B.
+
+    Devices are tried in a few orders and the best predicted
+    step is kept: (1) memory descending, so the largest devices take the early,
+    activation-heavy stages (ties: faster first); (2) grouped by node (nodes by
+    total memory, then memory descending inside), so only one boundary crosses
+    each node pair and activations travel the fast intra-node links; (3) speed
+    descending. For each order the chain may leave devices out: it uses the ``k``
+    fastest or the ``k`` largest devices (order kept) for every useful ``k``,
+    since a slow stage or a longer bubble can cost more than it brings. Micro-batch
+    sizes are tried over powers of two (and the whole batch); the global batch
+    is cut into ``m = ceil(B / b)`` micro-batches as equal as integers allow; among
+    plans predicted within 5 % of the fastest the one with the largest micro-batches
+    is kept (:data:`LARGER_MICRO_BATCH_MARGIN`). Each stage runs its blocks with
+    the activation recomputation its partition chose (:mod:`scheduler.planning.stages`);
+    the plan entry says which in ``recompute``.
+    """
     check_global_batch(global_batch)
     usable = layer_usable(profile)
     tied = tied_embedding(profile)

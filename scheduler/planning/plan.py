@@ -26,6 +26,9 @@ PIPELINE_STRATEGIES: tuple[str, ...] = ("pp", "hybrid")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DevicePlan:
+    """What one device does in a step: its samples, micro-batches and, in a
+    pipeline, its blocks, with the predicted time and memory."""
+
     id: str
     samples: int
     """Samples of the global batch this device computes per step."""
@@ -97,6 +100,9 @@ class Baseline:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
+    """One step of training across the cluster: every device's part, the devices
+    left out and why, the predicted step time and the baselines it beats."""
+
     strategy: str
     global_batch: int
     predicted_step_s: float

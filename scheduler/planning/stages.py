@@ -2,40 +2,8 @@
 
 A pipeline of ``p`` stages runs ``m`` micro-batches of ``b`` samples under the
 1F1B schedule (PipeDream-Flush: Narayanan et al., "Memory-Efficient
-Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks
-``[first, last)``; stage 0 also holds the embedding, the last stage the final
-norm and head. Per micro-batch, stage ``s`` on device ``d`` takes
-
-    t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
-
-from the device's per-layer profile (``n_s`` neighbours, each sending and
-receiving one message per micro-batch: :data:`P2P_LATENCY_S`), and needs
-
-    mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
-
-because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
-micro-batches at once: early stages hold more, so the order of devices matters.
-A stage may run its blocks with activation recomputation (the block's
-``selective`` or ``full`` figures, :mod:`scheduler.models.activations`): less kept
-per block, more time, plus what one block holds while it is recomputed, once
-per stage. Each stage takes, for every block count, the fastest mode that
-fits its memory, so the partition below stays exact over the modes too.
-A step takes ``Σ_s t_s + (m − 1)·max_s t_s`` (one micro-batch crosses every
-stage, the other ``m − 1`` leave at the bottleneck's pace; with balanced
-stages this is the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m``: Huang et
-al., GPipe, 2019), plus the activations forward and their gradients backward
-once over each stage boundary on the fill/drain path (later transfers overlap
-with compute), plus, for a tied embedding (GPT), an all-reduce of the
-embedding gradient between the first and the last stage.
-
-**Exact for a given order.** :func:`partition` minimises ``max_s t_s`` exactly
-by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
-t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
-(memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
-chain of identical blocks, so a stage's cost depends only on its block count).
-A second pass takes, among the min-max splits, the one with the least
-``Σ_s t_s``, which is then exactly optimal for the step-time formula above
-over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
+Pipeline-Parallel DNN Training", 2021). Stage ``s`` holds blocks ``[first, last)``;
+stage 0 also holds the embedding, the last stage the final norm and head.
 """
 
 from __future__ import annotations
@@ -132,7 +100,15 @@ def stage_time_s(
     last: bool,
     recompute: Recompute = "none",
 ) -> float:
-    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks."""
+    """Forward + backward time of one micro-batch on a stage of ``num_blocks`` blocks.
+
+    Per micro-batch, stage ``s`` on device ``d`` takes
+
+        t_s = Σ_pieces (fixed_s + b·per_sample_s) + 2·n_s·latency   (forward + backward)
+
+    from the device's per-layer profile (``n_s`` neighbours, each sending and
+    receiving one message per micro-batch: :data:`P2P_LATENCY_S`).
+    """
     ends = _ends(lp, first=first, last=last)
     block = block_option(lp, recompute)
     return (
@@ -154,7 +130,20 @@ def stage_bytes(
     recompute: Recompute = "none",
 ) -> int:
     """Peak memory of a stage: its states plus ``in_flight`` micro-batches' activations,
-    plus one block's while it is recomputed."""
+    plus one block's while it is recomputed.
+
+    A stage needs
+
+        mem_s = Σ_pieces static_bytes + min(p − s, m) · b · Σ_pieces per_sample_bytes
+
+    because under 1F1B stage ``s`` holds the activations of ``min(p − s, m)``
+    micro-batches at once: early stages hold more, so the order of devices matters.
+    A stage may run its blocks with activation recomputation (the block's
+    ``selective`` or ``full`` figures, :mod:`scheduler.models.activations`): less kept
+    per block, more time, plus what one block holds while it is recomputed, once
+    per stage. Each stage takes, for every block count, the fastest mode that
+    fits its memory, so :func:`partition` stays exact over the modes too.
+    """
     ends = _ends(lp, first=first, last=last)
     block = block_option(lp, recompute)
     states = ends.static_bytes + num_blocks * lp.block.static_bytes
@@ -197,7 +186,7 @@ class Stage:
     """Forward + backward of one (largest) micro-batch, plus its messages (:func:`exchange_s`)."""
     peak_bytes: int
     recompute: Recompute = "none"
-    """How its blocks keep activations (module docstring)."""
+    """How its blocks keep activations (:func:`stage_bytes`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,7 +205,16 @@ class Chain:
         return sum(s.time_s for s in self.stages)
 
     def compute_s(self, num_micro_batches: int) -> float:
-        """1F1B step time without communication (module docstring)."""
+        """1F1B step time without communication.
+
+        ``Σ_s t_s + (m − 1)·max_s t_s``: one micro-batch crosses every stage, the
+        other ``m − 1`` leave at the bottleneck's pace; with balanced stages this is
+        the familiar ``(m + p − 1)·t``, bubble ``(p − 1)/m`` (Huang et al., GPipe,
+        2019). A step adds :func:`boundary_s` (activations forward and their
+        gradients backward once over each stage boundary on the fill/drain path;
+        later transfers overlap with compute) and, for a tied embedding (GPT),
+        :func:`tied_sync_s`.
+        """
         if num_micro_batches <= 0:
             return 0.0
         return self.total_s + (num_micro_batches - 1) * self.slowest_s
@@ -296,7 +294,15 @@ def partition(
 ) -> Chain | None:
     """Blocks per stage for ``devices`` in this order minimising the slowest stage.
 
-    Exact (module docstring); ``None`` when no split fits memory.
+    ``None`` when no split fits memory.
+
+    Exact, by dynamic programming over layers: ``F_s(j) = min_{i ≤ j} max(F_{s−1}(i),
+    t_s(j − i))`` where stage ``s`` takes blocks ``[i, j)`` and infeasible ranges
+    (memory) cost ``∞`` (the stage DP of PipeDream and Alpa, specialised to a
+    chain of identical blocks, so a stage's cost depends only on its block count).
+    A second pass takes, among the min-max splits, the one with the least
+    ``Σ_s t_s``, which is then exactly optimal for :meth:`Chain.compute_s`
+    over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
     """
     p = len(devices)
     num_blocks = layers_of(devices[0]).num_blocks
@@ -319,70 +325,108 @@ def partition(
         for s, d in enumerate(devices)
     ]
     costs = [time for time, _ in arrays]
+    best = _min_max_s(costs, num_blocks)
+    if not math.isfinite(best):
+        return None
+    bounds = _least_total_bounds(costs, best, num_blocks)
+    # each stage's fastest mode that fits, by its number of blocks
+    modes = [
+        RECOMPUTE_MODES[int(mode_by_count[bounds[s + 1] - bounds[s]])]
+        for s, (_, mode_by_count) in enumerate(arrays)
+    ]
+    stages = [
+        _stage(
+            d,
+            (bounds[s], bounds[s + 1]),
+            micro_batch,
+            in_flight=in_flight[s],
+            first=s == 0,
+            last=s == p - 1,
+            tied_state_bytes=tied_state_bytes,
+            recompute=modes[s],
+        )
+        for s, d in enumerate(devices)
+    ]
+    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+
+
+def _spans(num_blocks: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Over every pair of boundaries ``(i, j)``: whether ``[i, j)`` is a range, and its
+    number of blocks (0 where it is not)."""
     i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
     span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
     valid = span >= 0
-    span_c = np.where(valid, span, 0)
+    return valid, np.where(valid, span, 0)
 
-    def step(prev: FloatArray, cost: FloatArray) -> FloatArray:
-        c = np.where(valid, cost[span_c], INF)
-        return np.asarray(np.maximum(prev[:, None], c).min(axis=0), dtype=np.float64)
 
-    # Pass 1: the min-max value T*.
+def _min_max_s(costs: list[FloatArray], num_blocks: int) -> float:
+    """Pass 1: the least possible slowest stage ``T*`` (``inf``: nothing fits)."""
+    if len(costs) == 1:
+        return float(costs[0][num_blocks])
+    valid, span_c = _spans(num_blocks)
     f = np.full(num_blocks + 1, INF)
     f[:] = costs[0]  # stage 0 covers [0, j)
-    for s in range(1, p):
-        f = step(f, costs[s])
-    best = float(f[num_blocks])
-    if p == 1:
-        best = float(costs[0][num_blocks])
-    if not math.isfinite(best):
-        return None
-    # Pass 2: least total time among splits whose every stage is within T*.
+    for cost in costs[1:]:
+        c = np.where(valid, cost[span_c], INF)
+        f = np.asarray(np.maximum(f[:, None], c).min(axis=0), dtype=np.float64)
+    return float(f[num_blocks])
+
+
+def _least_total_bounds(costs: list[FloatArray], best: float, num_blocks: int) -> list[int]:
+    """Pass 2: the stage boundaries of least total time among the splits whose every
+    stage is within ``best``."""
+    if len(costs) == 1:
+        return [0, num_blocks]
+    valid, span_c = _spans(num_blocks)
     limit = best * (1 + 1e-12) + 1e-18
     capped = [np.where(c <= limit, c, INF) for c in costs]
     g = capped[0].copy()
     choice: list[npt.NDArray[np.int64]] = []
-    for s in range(1, p):
-        c = np.where(valid, capped[s][span_c], INF)
+    for cost in capped[1:]:
+        c = np.where(valid, cost[span_c], INF)
         total = g[:, None] + c
         choice.append(np.asarray(total.argmin(axis=0), dtype=np.int64))
         g = np.asarray(total.min(axis=0), dtype=np.float64)
     bounds = [num_blocks]
-    for s in range(p - 1, 0, -1):
+    for s in range(len(costs) - 1, 0, -1):
         bounds.append(int(choice[s - 1][bounds[-1]]))
     bounds.append(0)
     bounds.reverse()
-    if p == 1:
-        bounds = [0, num_blocks]
-    stages = []
-    for s, d in enumerate(devices):
-        first_blk, last_blk = bounds[s], bounds[s + 1]
-        lp = layers_of(d)
-        flags = {"first": s == 0, "last": s == p - 1}
-        recompute = RECOMPUTE_MODES[int(arrays[s][1][last_blk - first_blk])]
-        stages.append(
-            Stage(
-                device=d,
-                first=first_blk,
-                last=last_blk,
-                time_s=stage_time_s(
-                    lp, last_blk - first_blk, micro_batch, recompute=recompute, **flags
-                )
-                + exchange_s(**flags),
-                peak_bytes=stage_bytes(
-                    lp,
-                    last_blk - first_blk,
-                    micro_batch,
-                    in_flight=in_flight[s],
-                    tied_state_bytes=tied_state_bytes,
-                    recompute=recompute,
-                    **flags,
-                ),
-                recompute=recompute,
-            )
-        )
-    return Chain(stages=tuple(stages), micro_batch=micro_batch)
+    return bounds
+
+
+def _stage(
+    device: DeviceProfile,
+    blocks: tuple[int, int],
+    micro_batch: int,
+    *,
+    in_flight: int,
+    first: bool,
+    last: bool,
+    tied_state_bytes: int,
+    recompute: Recompute,
+) -> Stage:
+    """The stage ``device`` runs, holding blocks ``[blocks[0], blocks[1])``."""
+    lp = layers_of(device)
+    num = blocks[1] - blocks[0]
+    return Stage(
+        device=device,
+        first=blocks[0],
+        last=blocks[1],
+        time_s=stage_time_s(lp, num, micro_batch, recompute=recompute, first=first, last=last)
+        + exchange_s(first=first, last=last),
+        peak_bytes=stage_bytes(
+            lp,
+            num,
+            micro_batch,
+            in_flight=in_flight,
+            tied_state_bytes=tied_state_bytes,
+            recompute=recompute,
+            first=first,
+            last=last,
+        ),
+        recompute=recompute,
+    )
 
 
 # --- communication ---------------------------------------------------------

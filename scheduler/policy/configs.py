@@ -1,23 +1,9 @@
 """Candidate allocations per job, and the equal share its rate is normalised by.
 
-A job's rate depends only on its :class:`~scheduler.policy.rates.Config`
-(devices per class, one node or more), so the policies choose among a small
-set of configurations per job instead of among device subsets. The set is a
-heuristic (the optimisation over it is exact, :mod:`scheduler.policy.solve`):
-
-- sizes on a roughly geometric ladder (1, 2, 3, 4, 6, 8, 12, 16, …) between
-  the job's ``min_devices`` and the smallest of its ``max_devices``, its global
-  batch (a device without a sample adds nothing), the devices it may use and
-  ``size_cap_share`` equal shares of the cluster;
-- for each size: all devices of one class (the fastest few classes for this
-  model and the most plentiful one), the fastest classes first (mixed types,
-  spilling to the next class when one runs out), the same without the fastest
-  class (left to jobs that fit nowhere else), and half-and-half of the two
-  fastest classes;
-- the job's current configuration, so keeping what it holds is always an option.
-
-Along each family a larger size is offered only if it adds ``min_gain`` of
-rate; a job whose batch is too small to use more devices is offered no more.
+A job's rate depends only on its :class:`~scheduler.policy.rates.Config`, so the
+policies choose among a few configurations per job (a heuristic set,
+:func:`candidates`) instead of among device subsets; the choice over that set is
+exact (:mod:`scheduler.policy.solve`).
 """
 
 from __future__ import annotations
@@ -138,7 +124,22 @@ def candidates(
     min_gain: float,
     extra: Iterable[Config] = (),
 ) -> list[Config]:
-    """The configurations offered to one job (module docstring), with ``extra`` always in."""
+    """The configurations offered to one job, with ``extra`` always in:
+
+    - sizes on a roughly geometric ladder (1, 2, 3, 4, 6, 8, 12, 16, …) between
+      the job's ``min_devices`` and the smallest of its ``max_devices``, its global
+      batch (a device without a sample adds nothing), the devices it may use and
+      ``size_cap_share`` equal shares of the cluster;
+    - for each size: all devices of one class (the fastest few classes for this
+      model and the most plentiful one), the fastest classes first (mixed types,
+      spilling to the next class when one runs out), the same without the fastest
+      class (left to jobs that fit nowhere else), and half-and-half of the two
+      fastest classes;
+    - the job's current configuration, so keeping what it holds is always an option.
+
+    Along each family a larger size is offered only if it adds ``min_gain`` of
+    rate; a job whose batch is too small to use more devices is offered no more.
+    """
     order = list(singles)  # fastest class first
     caps = {c: classes.capacity(c) for c in order}
     if not order or lo > sum(caps.values()):

@@ -1,44 +1,9 @@
 """Which devices each job holds: the ``fifo``, ``fair`` and ``goodput`` policies.
 
-Entry point: :func:`decide` (cluster, every running and waiting job, a rate
-function) -> :class:`~scheduler.policy.types.Allocation` with one reason per
-job. The executor and the cluster simulator call it on every arrival,
-completion or failure and every ``round_s``; they keep one
+:func:`decide` is the entry point; the executor and the cluster simulator call it
+on every arrival, completion or failure and every ``round_s``, keeping one
 :class:`~scheduler.policy.rates.PlannedRates` per cluster so rates are cached
-between decisions.
-
-- ``fifo`` (today's executor): jobs in arrival order; a waiting job needs its
-  ``max_devices`` (all devices it may use when it names none) free at once,
-  otherwise it waits and reserves the free ones, so later jobs cannot starve
-  it. Running jobs are never moved.
-- ``fair``: running jobs and then waiting ones in arrival order are admitted
-  while their ``min_devices`` still fit; the admitted jobs share the cluster
-  by weighted max-min of their normalised rates (a job's rate over its rate on
-  an equal share of the cluster, Gavel).
-- ``goodput`` (default): running jobs stay admitted; waiting ones are admitted
-  by urgency (priority, aging, and how little work they have left); the
-  admitted jobs' configurations maximise the total priority-weighted
-  normalised rate, with a fairness floor: every job keeps at least
-  ``fairness_floor`` (half) of the max-min level that ``fair``'s
-  water-filling reaches on the same jobs. Mixed GPU types are allowed, and a
-  move is discounted by the restart it costs over the job's remaining time
-  (plus ``move_penalty``), so jobs do not thrash. Within the floor, devices go
-  where they add the most normalised rate (a T4 to the job it slows least).
-  Measured against the alternatives on 200 generated jobs on hetero-64:
-  minimising the summed remaining time, or maximising the rate at which
-  remaining work gets done (shortest-remaining-time-first's greedy rule), gave
-  higher average JCT or much higher p99 (tests/benchmarks/test_cluster_sim.py).
-
-What is exact and what is heuristic: the choice of one configuration per
-admitted job under per-class capacities is an integer program solved exactly
-by HiGHS (:mod:`scheduler.policy.solve`; on its time limit the best found is
-used and the decision says so). Admission (greedy, in the order above), the
-max-min level the floor refers to (water-filling), the candidate
-configurations (:mod:`scheduler.policy.configs`), the single-node assumption
-for one-class configurations that fit on a node, and the placement on device
-ids (:mod:`scheduler.policy.place`) are heuristics.
-No job waits longer than ``max_wait_s`` behind later arrivals: past it, it
-goes first and nothing is slipped past it.
+between decisions. Fair shares follow Gavel (Narayanan et al., OSDI 2020).
 """
 
 from __future__ import annotations
@@ -86,7 +51,41 @@ def decide(
     rates: RateFn | None = None,
     settings: PolicySettings | None = None,
 ) -> Allocation:
-    """Allocate ``cluster``'s devices to ``jobs`` under ``policy`` (module docstring)."""
+    """Allocate ``cluster``'s devices to ``jobs`` under ``policy``, with one reason per job.
+
+    - ``fifo``: jobs in arrival order; a waiting job needs its
+      ``max_devices`` (all devices it may use when it names none) free at once,
+      otherwise it waits and reserves the free ones, so later jobs cannot starve
+      it. Running jobs are never moved.
+    - ``fair``: running jobs and then waiting ones in arrival order are admitted
+      while their ``min_devices`` still fit; the admitted jobs share the cluster
+      by weighted max-min of their normalised rates (a job's rate over its rate on
+      an equal share of the cluster, Gavel).
+    - ``goodput`` (default): running jobs stay admitted; waiting ones are admitted
+      by urgency (priority, aging, and how little work they have left); the
+      admitted jobs' configurations maximise the total priority-weighted
+      normalised rate, with a fairness floor: every job keeps at least
+      ``fairness_floor`` (half) of the max-min level that ``fair``'s
+      water-filling reaches on the same jobs. Mixed GPU types are allowed, and a
+      move is discounted by the restart it costs over the job's remaining time
+      (plus ``move_penalty``), so jobs do not thrash. Within the floor, devices go
+      where they add the most normalised rate (a T4 to the job it slows least).
+      Measured against the alternatives on 200 generated jobs on hetero-64:
+      minimising the summed remaining time, or maximising the rate at which
+      remaining work gets done (shortest-remaining-time-first's greedy rule), gave
+      higher average JCT or much higher p99 (tests/benchmarks/test_cluster_sim.py).
+
+    What is exact and what is heuristic: the choice of one configuration per
+    admitted job under per-class capacities is an integer program solved exactly
+    by HiGHS (:mod:`scheduler.policy.solve`; on its time limit the best found is
+    used and the decision says so). Admission (greedy, in the order above), the
+    max-min level the floor refers to (water-filling), the candidate
+    configurations (:mod:`scheduler.policy.configs`), the single-node assumption
+    for one-class configurations that fit on a node, and the placement on device
+    ids (:mod:`scheduler.policy.place`) are heuristics.
+    No job waits longer than ``max_wait_s`` behind later arrivals: past it, it
+    goes first and nothing is slipped past it.
+    """
     if policy not in POLICIES:
         raise PolicyError(f"policy: unknown {policy!r}; allowed: {', '.join(POLICIES)}")
     names = [j.name for j in jobs]

@@ -2,23 +2,8 @@
 
 The scheduling policies ask, thousands of times per decision, "how fast would
 this job train on these devices?". The answer is the data-parallel planner's
-prediction (:mod:`scheduler.planning.planner`, DESIGN.md "The cost model"), and under
-that model it depends only on how many devices of each *class* (catalogue type,
-memory, TFLOP/s) a job gets and whether they span more than one node (which
-link the all-reduce crosses). A :class:`Config` is exactly that; rates are
-cached by ``(model, global batch, config)``.
-
-Evaluating per class rather than per device: identical devices have identical
-capacities ``cap_t(T)`` (most samples finished within ``T`` seconds), so the
-planner's optimality condition ``Σ_i cap_i(T) ≥ B`` becomes
-``Σ_t n_t·cap_t(T) ≥ B`` and its bisection runs over a handful of classes
-instead of thousands of devices (each class in its best activation-recomputation
-mode, ``cap_t = max_r cap_tr``, as the planner does per device). The optimum
-``T*`` is the same number, so the
-rate equals :func:`scheduler.planning.planner.plan_dp`'s ``predicted_samples_per_s`` on
-the expanded device set (``tests/scheduler/test_policy.py`` checks it), except
-that the planner may additionally drop to the fastest node alone on a
-multi-node set, which here is a separate single-node candidate instead.
+prediction (DESIGN.md "The cost model"), evaluated per device class
+(:func:`class_step_s`) and cached by ``(model, global batch, config)``.
 """
 
 from __future__ import annotations
@@ -136,7 +121,20 @@ def class_step_s(
     gradient_bytes: int,
     link_gbps: float,
 ) -> float:
-    """Predicted step time of the dp planner's optimal split over classes; inf if none fits."""
+    """Predicted step time of the dp planner's optimal split over classes; inf if none fits.
+
+    Evaluating per class rather than per device: identical devices have identical
+    capacities ``cap_t(T)`` (most samples finished within ``T`` seconds), so the
+    planner's optimality condition ``Σ_i cap_i(T) ≥ B`` becomes
+    ``Σ_t n_t·cap_t(T) ≥ B`` and its bisection runs over a handful of classes
+    instead of thousands of devices (each class in its best activation-recomputation
+    mode, ``cap_t = max_r cap_tr``, as the planner does per device). The optimum
+    ``T*`` is the same number, so the
+    rate equals :func:`scheduler.planning.dp.plan_dp`'s ``predicted_samples_per_s`` on
+    the expanded device set (``tests/scheduler/test_policy.py`` checks it), except
+    that the planner may additionally drop to the fastest node alone on a
+    multi-node set, which here is a separate single-node candidate instead.
+    """
     usable = [(c, n) for c, n in costs if c.modes and n >= 1]
     if not usable:
         return math.inf

@@ -1,20 +1,6 @@
 """The exact part of ``fair`` and ``goodput``: an integer program over (job, configuration).
 
-Variables ``x[j,c] ∈ {0,1}``: job ``j`` gets configuration ``c``. Constraints:
-each admitted job gets exactly one of its configurations (``Σ_c x[j,c] = 1``)
-and no class is over-used (``Σ_{j,c} count_c(t)·x[j,c] ≤ N_t`` per class ``t``).
-
-- ``goodput`` maximises ``Σ value[j,c]·x[j,c]`` (the values come from the policy;
-  Sia, Jayaram Subramanya et al., SOSP'23, solves the same shape of problem).
-- ``fair`` maximises ``τ`` subject to ``Σ_c nr[j,c]·x[j,c] ≥ τ·w_j`` for every job
-  (weighted max-min of normalised rates, Gavel's fairness policy, Narayanan et
-  al., OSDI'20, in integer form), plus ``ε·Σ value`` so that among max-min
-  optimal allocations it keeps jobs where they are and leaves nothing idle
-  that would help.
-
-Solved by HiGHS through :func:`scipy.optimize.milp`. Within the candidate
-configurations the answer is optimal when HiGHS reports so; on its time limit
-the best allocation found is used and the result says so.
+Formulated in :func:`solve`; solved by HiGHS through :func:`scipy.optimize.milp`.
 """
 
 from __future__ import annotations
@@ -24,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
 from scipy.sparse import coo_array  # type: ignore[import-untyped]
 
@@ -62,9 +49,24 @@ def solve(
     time_limit_s: float,
     node_limit: int,
 ) -> Solution:
-    """Choose one option per job (see module docstring); ``weights`` are ``fair``'s ``w_j``.
+    """Choose one option per job; ``weights`` are ``fair``'s ``w_j``.
 
     The first option of every job must be its admission minimum: together they fit.
+
+    Variables ``x[j,c] ∈ {0,1}``: job ``j`` gets configuration ``c``. Constraints:
+    each admitted job gets exactly one of its configurations (``Σ_c x[j,c] = 1``)
+    and no class is over-used (``Σ_{j,c} count_c(t)·x[j,c] ≤ N_t`` per class ``t``).
+
+    - ``goodput`` maximises ``Σ value[j,c]·x[j,c]`` (the values come from the policy;
+      Sia, Jayaram Subramanya et al., SOSP'23, solves the same shape of problem).
+    - ``fair`` maximises ``τ`` subject to ``Σ_c nr[j,c]·x[j,c] ≥ τ·w_j`` for every job
+      (weighted max-min of normalised rates, Gavel's fairness policy, Narayanan et
+      al., OSDI'20, in integer form), plus ``ε·Σ value`` so that among max-min
+      optimal allocations it keeps jobs where they are and leaves nothing idle
+      that would help.
+
+    Within the candidate configurations the answer is optimal when HiGHS reports
+    so; on its time limit the best allocation found is used and the result says so.
     """
     num_jobs = len(options)
     if num_jobs == 0:
@@ -74,52 +76,10 @@ def solve(
     if max_min:
         start = water_fill(options, capacity, weights)
         tau_floor = min(options[j][k].normalised / weights[j] for j, k in enumerate(start))
-    classes = {c: i for i, c in enumerate(capacity)}
     flat = [(j, k, o) for j, opts in enumerate(options) for k, o in enumerate(opts)]
     num_x = len(flat)
     num_vars = num_x + (1 if max_min else 0)
-    top = max((abs(o.value) for _, _, o in flat), default=1.0) or 1.0
-
-    cost = np.zeros(num_vars)
-    # fair: the whole secondary term stays below FAIR_EPSILON, so it only breaks ties of τ.
-    scale = FAIR_EPSILON / num_jobs if max_min else 1.0
-    for v, (_, _, o) in enumerate(flat):
-        cost[v] = -(o.value / top) * scale
-    if max_min:
-        cost[num_x] = -1.0
-
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-    upper: list[float] = []
-
-    def add(row_entries: list[tuple[int, float]], lo: float, hi: float) -> None:
-        r = len(lower)
-        for col, val in row_entries:
-            rows.append(r)
-            cols.append(col)
-            vals.append(val)
-        lower.append(lo)
-        upper.append(hi)
-
-    per_job: list[list[int]] = [[] for _ in range(num_jobs)]
-    per_class: list[list[tuple[int, float]]] = [[] for _ in classes]
-    for v, (j, _, o) in enumerate(flat):
-        per_job[j].append(v)
-        for c, n in o.config.parts:
-            per_class[classes[c]].append((v, float(n)))
-    for j in range(num_jobs):
-        add([(v, 1.0) for v in per_job[j]], 1.0, 1.0)
-    for c, i in classes.items():
-        if per_class[i]:
-            add(per_class[i], -np.inf, float(capacity[c]))
-    if max_min:
-        for j in range(num_jobs):
-            entries = [(v, flat[v][2].normalised) for v in per_job[j]]
-            add([*entries, (num_x, -weights[j])], 0.0, np.inf)
-
-    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
+    rows, per_job = _constraints(flat, capacity, num_jobs, weights if max_min else None)
     integrality = np.ones(num_vars)
     upper_bounds = np.ones(num_vars)
     lower_bounds = np.zeros(num_vars)
@@ -128,8 +88,8 @@ def solve(
         upper_bounds[num_x] = np.inf
         lower_bounds[num_x] = tau_floor  # never worse than water-filling
     result = milp(
-        cost,
-        constraints=LinearConstraint(matrix, np.array(lower), np.array(upper)),
+        _cost(flat, num_jobs, max_min=max_min),
+        constraints=rows.constraint(num_vars),
         integrality=integrality,
         bounds=Bounds(lower_bounds, upper_bounds),
         options={"time_limit": time_limit_s, "node_limit": node_limit, "disp": False},
@@ -140,10 +100,7 @@ def solve(
             return Solution(choice=start, exact=False, note=note)
         return Solution(choice=None, exact=False, note=f"HiGHS: {result.message}")
     x = result.x
-    choice: list[int] = []
-    for j in range(num_jobs):
-        best = max(per_job[j], key=lambda v: x[v])
-        choice.append(flat[best][1])
+    choice = tuple(flat[max(vs, key=lambda v: x[v])][1] for vs in per_job)
     exact = bool(result.status == 0)
     gap = getattr(result, "mip_gap", None)
     note = (
@@ -151,7 +108,78 @@ def solve(
         if exact
         else f"HiGHS: {result.message.rstrip('.')}, best found (gap {gap})"
     )
-    return Solution(choice=tuple(choice), exact=exact, note=note)
+    return Solution(choice=choice, exact=exact, note=note)
+
+
+_Flat = list[tuple[int, int, Option]]
+"""Every (job, option index, option), one per variable ``x[j,c]``, in variable order."""
+
+
+def _cost(flat: _Flat, num_jobs: int, *, max_min: bool) -> npt.NDArray[np.float64]:
+    """The objective to minimise: ``−Σ value·x`` (scaled), and ``−τ`` for ``fair``."""
+    cost = np.zeros(len(flat) + (1 if max_min else 0))
+    top = max((abs(o.value) for _, _, o in flat), default=1.0) or 1.0
+    # fair: the whole secondary term stays below FAIR_EPSILON, so it only breaks ties of τ.
+    scale = FAIR_EPSILON / num_jobs if max_min else 1.0
+    for v, (_, _, o) in enumerate(flat):
+        cost[v] = -(o.value / top) * scale
+    if max_min:
+        cost[len(flat)] = -1.0
+    return cost
+
+
+class _Rows:
+    """A sparse constraint matrix built one row ``lo ≤ Σ val·x[col] ≤ hi`` at a time."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+
+    def add(self, entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(self.lower)
+        for col, val in entries:
+            self.rows.append(r)
+            self.cols.append(col)
+            self.vals.append(val)
+        self.lower.append(lo)
+        self.upper.append(hi)
+
+    def constraint(self, num_vars: int) -> LinearConstraint:
+        shape = (len(self.lower), num_vars)
+        matrix = coo_array((self.vals, (self.rows, self.cols)), shape=shape).tocsr()
+        return LinearConstraint(matrix, np.array(self.lower), np.array(self.upper))
+
+
+def _constraints(
+    flat: _Flat,
+    capacity: dict[DeviceClass, int],
+    num_jobs: int,
+    weights: Sequence[float] | None,
+) -> tuple[_Rows, list[list[int]]]:
+    """One configuration per job, no class over-used, and with ``weights`` (``fair``)
+    every job's normalised rate at least ``τ·w_j``; also each job's variables."""
+    classes = {c: i for i, c in enumerate(capacity)}
+    rows = _Rows()
+    per_job: list[list[int]] = [[] for _ in range(num_jobs)]
+    per_class: list[list[tuple[int, float]]] = [[] for _ in classes]
+    for v, (j, _, o) in enumerate(flat):
+        per_job[j].append(v)
+        for c, n in o.config.parts:
+            per_class[classes[c]].append((v, float(n)))
+    for j in range(num_jobs):
+        rows.add([(v, 1.0) for v in per_job[j]], 1.0, 1.0)
+    for c, i in classes.items():
+        if per_class[i]:
+            rows.add(per_class[i], -np.inf, float(capacity[c]))
+    if weights is not None:
+        tau = len(flat)
+        for j in range(num_jobs):
+            entries = [(v, flat[v][2].normalised) for v in per_job[j]]
+            rows.add([*entries, (tau, -weights[j])], 0.0, np.inf)
+    return rows, per_job
 
 
 def water_fill(

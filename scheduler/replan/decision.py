@@ -1,29 +1,9 @@
 """Live re-planning: whether a job should switch plans now that its profile changed.
 
-The job driver runs a loop (DESIGN.md, "A job's life"): after each step it
-feeds :class:`~scheduler.replan.speed.SpeedMonitor` the measured busy times; when the
-monitor reports a device that got slower or faster (or a device is lost or
-back), the driver calls :func:`decide_replan` with the live profile. The
-decision plans the *same global batch* with the live profile (same strategy
-rules; ``auto`` may switch strategy), predicts the running plan's step time
-under the same live profile (:func:`scheduler.replan.livecost.predict_step_s`), and
-switches only when the switch pays for itself:
-
-- ``dp``, ``even`` and ``proportional`` switch **in place** between two steps
-  (only each device's samples, offset, micro-batch and accumulation change;
-  the global sample order does not), so the cost is about nothing
-  (:attr:`ReplanSettings.in_place_cost_s`), but the predicted step must still
-  be at least :attr:`ReplanSettings.min_relative_gain` faster, so that
-  estimates wobbling inside their error never churn the split;
-- anything else (``pp``, ``hybrid``, a change of strategy, a device that was
-  not in the running group) moves model states and goes through a checkpoint:
-  the gain over the remaining steps must exceed ``switch_cost_s``, the
-  checkpoint plus restart seconds the driver measured or estimated;
-- a running plan that uses a device the live profile no longer has cannot go
-  on: the decision switches whatever the cost.
-
-Every decision is a frozen record that serialises to the job record and API
-(:meth:`ReplanDecision.to_dict`).
+The job driver (DESIGN.md, "A job's life") calls :func:`decide_replan` when
+:class:`~scheduler.replan.speed.SpeedMonitor` reports a device that got slower or
+faster, or a device is lost or back. Every decision is a frozen record that
+serialises to the job record and API (:meth:`ReplanDecision.to_dict`).
 """
 
 from __future__ import annotations
@@ -192,7 +172,25 @@ def decide_replan(
     changes: Sequence[SpeedChange] = (),
     settings: ReplanSettings | None = None,
 ) -> ReplanDecision:
-    """Plan ``global_batch`` under ``live_profile`` and decide whether to switch (module docstring).
+    """Plan ``global_batch`` under ``live_profile`` and decide whether to switch.
+
+    The *same global batch* is planned with the live profile (same strategy
+    rules; ``auto`` may switch strategy), the running plan's step time predicted
+    under the same profile (:func:`scheduler.replan.livecost.predict_step_s`), and
+    the job switches only when the switch pays for itself:
+
+    - ``dp``, ``even`` and ``proportional`` switch **in place** between two steps
+      (only each device's samples, offset, micro-batch and accumulation change;
+      the global sample order does not), so the cost is about nothing
+      (:attr:`ReplanSettings.in_place_cost_s`), but the predicted step must still
+      be at least :attr:`ReplanSettings.min_relative_gain` faster, so that
+      estimates wobbling inside their error never churn the split;
+    - anything else (``pp``, ``hybrid``, a change of strategy, a device that was
+      not in the running group) moves model states and goes through a checkpoint:
+      the gain over the remaining steps must exceed ``switch_cost_s``, the
+      checkpoint plus restart seconds the driver measured or estimated;
+    - a running plan that uses a device the live profile no longer has cannot go
+      on: the decision switches whatever the cost.
 
     ``strategy`` is what the job asked for (``auto`` may pick another concrete
     strategy); ``switch_cost_s`` the checkpoint-and-restart seconds of a switch
@@ -200,9 +198,8 @@ def decide_replan(
     when nothing fits the live profile.
     """
     settings = settings or ReplanSettings()
-    live = live_profile
-    lost = tuple(missing_devices(current_plan, live))
-    old_step_s = math.inf if lost else predict_step_s(current_plan, live)
+    lost = tuple(missing_devices(current_plan, live_profile))
+    old_step_s = math.inf if lost else predict_step_s(current_plan, live_profile)
 
     def cost_of(plan: Plan) -> float:
         in_place = not lost and switches_in_place(current_plan, plan)
@@ -215,52 +212,73 @@ def decide_replan(
 
     # in place first: it wins ties, and a slightly faster plan that needs a checkpoint
     # wins only when its extra gain over the remaining steps pays for the checkpoint
-    new_plan = max(_candidates(current_plan, live, global_batch, strategy), key=net_s)
-    new_step_s = new_plan.predicted_step_s
+    new_plan = max(_candidates(current_plan, live_profile, global_batch, strategy), key=net_s)
     in_place = not lost and switches_in_place(current_plan, new_plan)
-    cost_s = cost_of(new_plan)
-
-    def decision(switch: bool, reason: str) -> ReplanDecision:
-        return ReplanDecision(
-            step=step,
-            switch=switch,
-            in_place=in_place,
-            reason=reason,
-            changes=tuple(changes),
-            lost=lost,
-            old_plan=current_plan,
-            new_plan=new_plan,
-            old_step_s=old_step_s,
-            new_step_s=new_step_s,
-            steps_left=steps_left,
-            switch_cost_s=cost_s,
-        )
-
-    what = "; ".join(c.describe() for c in changes) or "profile changed"
-    if lost:
-        return decision(
-            True, f"{', '.join(lost)} lost: the running plan cannot go on; re-planned without"
-        )
-    if _same_split(current_plan, new_plan):
-        return decision(False, f"{what}: the best plan for the live profile is the running one")
-    gain = old_step_s - new_step_s
-    relative = gain / old_step_s if old_step_s > 0 else 0.0
-    speeds = f"{old_step_s:.4g} s → {new_step_s:.4g} s per step"
-    if relative < settings.min_relative_gain:
-        return decision(
-            False,
-            f"{what}: a new plan is predicted only {relative:+.1%} faster ({speeds}), "
-            f"under the {settings.min_relative_gain:.0%} minimum",
-        )
-    how = "in place" if in_place else "through a checkpoint"
-    if gain * steps_left <= cost_s:
-        return decision(
-            False,
-            f"{what}: a new plan saves {gain * steps_left:.3g} s over {steps_left} steps "
-            f"({speeds}), not the {cost_s:.3g} s a switch {how} costs",
-        )
-    return decision(
-        True,
-        f"{what}: switching {how}, predicted {relative:.0%} faster ({speeds}), "
-        f"{gain * steps_left:.3g} s saved over {steps_left} steps for {cost_s:.3g} s",
+    verdict = _Verdict(
+        what="; ".join(c.describe() for c in changes) or "profile changed",
+        lost=lost,
+        same_split=_same_split(current_plan, new_plan),
+        old_step_s=old_step_s,
+        new_step_s=new_plan.predicted_step_s,
+        steps_left=steps_left,
+        cost_s=cost_of(new_plan),
+        in_place=in_place,
     )
+    switch, reason = verdict.decide(settings)
+    return ReplanDecision(
+        step=step,
+        switch=switch,
+        in_place=in_place,
+        reason=reason,
+        changes=tuple(changes),
+        lost=lost,
+        old_plan=current_plan,
+        new_plan=new_plan,
+        old_step_s=old_step_s,
+        new_step_s=new_plan.predicted_step_s,
+        steps_left=steps_left,
+        switch_cost_s=verdict.cost_s,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Verdict:
+    """The figures a switch is judged on, and the judgement in words."""
+
+    what: str
+    """The changes that prompted the decision, for the reason."""
+    lost: tuple[str, ...]
+    same_split: bool
+    old_step_s: float
+    new_step_s: float
+    steps_left: int
+    cost_s: float
+    in_place: bool
+
+    def decide(self, settings: ReplanSettings) -> tuple[bool, str]:
+        """Whether the new plan pays for its switch, and why."""
+        what = self.what
+        if self.lost:
+            lost = ", ".join(self.lost)
+            return True, f"{lost} lost: the running plan cannot go on; re-planned without"
+        if self.same_split:
+            return False, f"{what}: the best plan for the live profile is the running one"
+        gain = self.old_step_s - self.new_step_s
+        relative = gain / self.old_step_s if self.old_step_s > 0 else 0.0
+        speeds = f"{self.old_step_s:.4g} s → {self.new_step_s:.4g} s per step"
+        if relative < settings.min_relative_gain:
+            return False, (
+                f"{what}: a new plan is predicted only {relative:+.1%} faster ({speeds}), "
+                f"under the {settings.min_relative_gain:.0%} minimum"
+            )
+        how = "in place" if self.in_place else "through a checkpoint"
+        saved_s, steps = gain * self.steps_left, self.steps_left
+        if saved_s <= self.cost_s:
+            return False, (
+                f"{what}: a new plan saves {saved_s:.3g} s over {steps} steps "
+                f"({speeds}), not the {self.cost_s:.3g} s a switch {how} costs"
+            )
+        return True, (
+            f"{what}: switching {how}, predicted {relative:.0%} faster ({speeds}), "
+            f"{saved_s:.3g} s saved over {steps} steps for {self.cost_s:.3g} s"
+        )

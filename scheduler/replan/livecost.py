@@ -1,25 +1,8 @@
 """An existing plan's cost under another profile, and live profiles of slowed devices.
 
-Re-planning (:mod:`scheduler.replan.decision`) compares the plan that runs with the
-plan the planner would make now, both under the job's *live* profile: the
-measured profile with each slowed device's times scaled by its slow-down
-factor. The planner predicts the new plan; this module predicts the running
-one, with the same cost functions the planners use, so the two figures are
-comparable:
-
-- data parallel (``dp``, ``even``, ``proportional``): each device busy
-  ``k·fixed_s + n·per_sample_s`` (:func:`scheduler.cost.costmodel.busy_s`), the
-  step the slowest device plus the ring all-reduce among active devices;
-- pipelines (``pp``, ``hybrid``): each pipeline's stages rebuilt from the
-  plan's block ranges with the live device figures
-  (:func:`scheduler.planning.stages.stage_time_s`), 1F1B compute
-  (:meth:`scheduler.planning.stages.Chain.compute_s`), boundary transfers, and the
-  tied-embedding sync (``pp``) or the gradient sync among piece holders
-  (``hybrid``, :func:`scheduler.planning.hybrid.sync_s`).
-
-Under the profile a plan was made with, :func:`predict_step_s` returns the
-plan's own ``predicted_step_s`` (tested), so differences come from the
-profile alone.
+Re-planning (:mod:`scheduler.replan.decision`) compares the running plan with a new
+one under the job's *live* profile; :func:`predict_step_s` prices the running one
+with the same cost functions the planners use, so the two figures are comparable.
 """
 
 from __future__ import annotations
@@ -178,10 +161,24 @@ def predicted_busy_s(plan: Plan, profile: Profile) -> dict[str, float]:
 
 
 def predict_step_s(plan: Plan, profile: Profile) -> float:
-    """Step time of ``plan``'s split under ``profile`` (module docstring).
+    """Step time of ``plan``'s split under ``profile``.
 
     Raises :class:`~scheduler.errors.PlanError` when the plan uses a device the
     profile lacks.
+
+    - data parallel (``dp``, ``even``, ``proportional``): each device busy
+      ``k·fixed_s + n·per_sample_s`` (:func:`scheduler.cost.costmodel.busy_s`), the
+      step the slowest device plus the ring all-reduce among active devices;
+    - pipelines (``pp``, ``hybrid``): each pipeline's stages rebuilt from the
+      plan's block ranges with the live device figures
+      (:func:`scheduler.planning.stages.stage_time_s`), 1F1B compute
+      (:meth:`scheduler.planning.stages.Chain.compute_s`), boundary transfers, and the
+      tied-embedding sync (``pp``) or the gradient sync among piece holders
+      (``hybrid``, :func:`scheduler.planning.hybrid.sync_s`).
+
+    Under the profile a plan was made with, :func:`predict_step_s` returns the
+    plan's own ``predicted_step_s`` (tested), so differences come from the
+    profile alone.
     """
     by_id = _by_id(plan, profile)
     if not plan.active:

@@ -1,52 +1,7 @@
 """Detecting that a device got slower or faster mid-job, robustly.
 
-Each step the job driver hands :meth:`SpeedMonitor.observe` the plan it ran
-and every device's measured busy time. Per device the monitor keeps the ratio
-``r = measured / predicted``, the prediction taken from the job's *base*
-profile (:func:`scheduler.replan.livecost.predicted_busy_s`), so ``r`` does not
-depend on which plan ran: a device that runs three times slower reads ``r``
-three times its usual level whatever its share of the batch.
-
-The detector, per device (settings in :class:`SpeedSettings`):
-
-1. **Warm-up.** The first ``warmup_steps`` observations of a device, and the
-   first ones after its work changed (a re-plan gave it other samples or
-   micro-batches: new shapes, new caches), are ignored.
-2. **Level.** The next ``calibration_steps`` ratios set the device's *level*:
-   the median of its *regime*, every in-band ratio since the last change
-   (median: one slow step moves it by at most one rank). The first regime's
-   level is the *reference*, the ratio the device shows at its profiled speed;
-   any systematic error of the prediction (DESIGN.md: about 10% fast) cancels
-   in ``level / reference``.
-3. **Band.** A ratio is *out of band* when it differs from the level by at
-   least ``max(threshold, noise_multiple × spread)`` in one direction, where
-   ``spread`` is the robust relative spread ``1.4826 × MAD`` (the Gaussian
-   sigma for Gaussian noise) raised by one standard error of that estimate
-   (``1.16/√n``, so few samples never make the band narrow), pooled over the
-   devices (the larger of the device's own and the devices' median): a
-   device is only said to have changed when the change stands out of the
-   noise its host shows.
-4. **Hysteresis.** A change is reported only after ``window_steps``
-   consecutive out-of-band ratios in the same direction: one slow step, or
-   noise that crosses the band now and then, never reports, and a device that
-   alternates never reports either. The ratios of an interrupted run are
-   outliers and are dropped: they move neither the level nor the band.
-5. **Report.** The new factor is the median of the last half of that run over
-   the reference (a factor within the band of 1.0 snaps back to exactly 1.0:
-   the device is back at its profiled speed), and the run's last half becomes
-   the new regime, so reporting again needs a further sustained move of at
-   least the band: no oscillation.
-
-Measured with the simulated driver of tests/scheduler/test_replan.py (the
-plan's prediction under the true speed × 1.08 × noise): a 3× slow-down is
-reported exactly once, ``window_steps − 1`` steps after the first slow step,
-and its restore once, back to exactly 1.0 (200 of 200 seeds with ±5 % and
-±15 % uniform noise, 197 of 200 with 8 % Gaussian noise); no report in 100
-steps on steady clusters (0 of 1,600 runs: two clusters, uniform ±5 % and
-±15 %, Gaussian 5 % and 8 %; tests/benchmarks/test_replan_detector.py).
-Under ±5 % noise a 1.3× change is reported in 4 steps every time; under
-±15 % noise 2× always is, 1.5× in 4 of 5 seeds, smaller changes rarely: they
-do not stand out of such noise step by step.
+:class:`SpeedMonitor` reads each step's measured busy times against the job's
+profile and reports a device's new speed only once it stands out of the noise.
 """
 
 from __future__ import annotations
@@ -149,7 +104,7 @@ class SpeedReport:
 
 
 class _Track:
-    """The detector's state for one device (module docstring)."""
+    """The detector's state for one device (see :class:`SpeedMonitor`)."""
 
     __slots__ = ("direction", "factor", "reference", "regime", "run", "skip", "spread", "work")
 
@@ -179,7 +134,56 @@ def _work(entry: DevicePlan) -> tuple[Any, ...]:
 
 
 class SpeedMonitor:
-    """Per-device speed estimates with hysteresis; see the module docstring.
+    """Per-device speed estimates with hysteresis: owns each device's track of ratios,
+    level and reference, and the live profile they imply.
+
+    Each step the job driver hands :meth:`SpeedMonitor.observe` the plan it ran
+    and every device's measured busy time. Per device the monitor keeps the ratio
+    ``r = measured / predicted``, the prediction taken from the job's *base*
+    profile (:func:`scheduler.replan.livecost.predicted_busy_s`), so ``r`` does not
+    depend on which plan ran: a device that runs three times slower reads ``r``
+    three times its usual level whatever its share of the batch.
+
+    The detector, per device (settings in :class:`SpeedSettings`):
+
+    1. **Warm-up.** The first ``warmup_steps`` observations of a device, and the
+       first ones after its work changed (a re-plan gave it other samples or
+       micro-batches: new shapes, new caches), are ignored.
+    2. **Level.** The next ``calibration_steps`` ratios set the device's *level*:
+       the median of its *regime*, every in-band ratio since the last change
+       (median: one slow step moves it by at most one rank). The first regime's
+       level is the *reference*, the ratio the device shows at its profiled speed;
+       any systematic error of the prediction (DESIGN.md: about 10% fast) cancels
+       in ``level / reference``.
+    3. **Band.** A ratio is *out of band* when it differs from the level by at
+       least ``max(threshold, noise_multiple × spread)`` in one direction, where
+       ``spread`` is the robust relative spread ``1.4826 × MAD`` (the Gaussian
+       sigma for Gaussian noise) raised by one standard error of that estimate
+       (``1.16/√n``, so few samples never make the band narrow), pooled over the
+       devices (the larger of the device's own and the devices' median): a
+       device is only said to have changed when the change stands out of the
+       noise its host shows.
+    4. **Hysteresis.** A change is reported only after ``window_steps``
+       consecutive out-of-band ratios in the same direction: one slow step, or
+       noise that crosses the band now and then, never reports, and a device that
+       alternates never reports either. The ratios of an interrupted run are
+       outliers and are dropped: they move neither the level nor the band.
+    5. **Report.** The new factor is the median of the last half of that run over
+       the reference (a factor within the band of 1.0 snaps back to exactly 1.0:
+       the device is back at its profiled speed), and the run's last half becomes
+       the new regime, so reporting again needs a further sustained move of at
+       least the band: no oscillation.
+
+    Measured with the simulated driver of tests/scheduler/test_replan.py (the
+    plan's prediction under the true speed × 1.08 × noise): a 3× slow-down is
+    reported exactly once, ``window_steps − 1`` steps after the first slow step,
+    and its restore once, back to exactly 1.0 (200 of 200 seeds with ±5 % and
+    ±15 % uniform noise, 197 of 200 with 8 % Gaussian noise); no report in 100
+    steps on steady clusters (0 of 1,600 runs: two clusters, uniform ±5 % and
+    ±15 %, Gaussian 5 % and 8 %; tests/benchmarks/test_replan_detector.py).
+    Under ±5 % noise a 1.3× change is reported in 4 steps every time; under
+    ±15 % noise 2× always is, 1.5× in 4 of 5 seeds, smaller changes rarely: they
+    do not stand out of such noise step by step.
 
     >>> monitor = SpeedMonitor(profile)                            # doctest: +SKIP
     >>> report = monitor.observe(step, plan, {"node-a/0": 0.41})   # doctest: +SKIP
@@ -201,10 +205,6 @@ class SpeedMonitor:
     def profile(self) -> Profile:
         """The live profile: the base profile with the accepted factors applied."""
         return live_profile(self.base, self.factors)
-
-    def reset(self, device: str) -> None:
-        """Forget ``device``'s history (e.g. it came back on other hardware)."""
-        self._tracks.pop(device, None)
 
     def observe(
         self, step: int, plan: Plan, measured_busy_s: Mapping[str, float]

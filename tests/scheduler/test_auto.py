@@ -10,17 +10,7 @@ from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.auto import PREFERENCE_MARGIN
 from scheduler.planning.planner import STRATEGIES, make_plan
-
-MIXED = {
-    "name": "mixed",
-    "nodes": [
-        {"name": "a", "devices": [{"type": "A100-80GB", "count": 2}]},
-        {
-            "name": "b",
-            "devices": [{"type": "T4-16GB", "count": 2}, {"type": "L4-24GB", "count": 2}],
-        },
-    ],
-}
+from tests.scheduler.clusters import MIXED
 
 
 def test_strategies_offered():

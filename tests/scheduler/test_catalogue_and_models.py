@@ -8,7 +8,7 @@ import pytest
 
 from scheduler.errors import HetschedError
 from scheduler.hardware.catalogue import CATALOGUE, GIB, known_types, lookup
-from scheduler.models.presets import PRESETS, ModelPreset, get_preset
+from scheduler.models.presets import PRESETS, get_preset
 
 REQUIRED_GPUS = [
     "H200-141GB",
@@ -132,26 +132,13 @@ def test_get_preset_is_case_insensitive_and_lists_known_on_error() -> None:
         get_preset("gpt5")
 
 
-def test_invalid_preset_shape_names_the_field() -> None:
-    with pytest.raises(HetschedError, match="model.d_model: 100 must be divisible by num_heads 3"):
-        ModelPreset(
-            name="x",
-            family="gpt",
-            num_layers=1,
-            d_model=100,
-            num_heads=3,
-            d_ff=4,
-            vocab_size=8,
-            seq_len=8,
-        )
-    with pytest.raises(HetschedError, match="model.num_layers: must be >= 1, got 0"):
-        ModelPreset(
-            name="x",
-            family="gpt",
-            num_layers=0,
-            d_model=8,
-            num_heads=2,
-            d_ff=4,
-            vocab_size=8,
-            seq_len=8,
-        )
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"d_model": 100, "num_heads": 3}, "model.d_model: 100 must be divisible by num_heads 3"),
+        ({"num_layers": 0}, "model.num_layers: must be >= 1, got 0"),
+    ],
+)
+def test_invalid_preset_shape_names_the_field(change: dict[str, int], message: str) -> None:
+    with pytest.raises(HetschedError, match=message):
+        replace(PRESETS["gpt-tiny"], **change)

@@ -30,17 +30,7 @@ from scheduler.planning.stages import (
     stage_bytes,
     stage_time_s,
 )
-
-MIXED = {
-    "name": "mixed",
-    "nodes": [
-        {"name": "big", "devices": [{"type": "A100-80GB", "count": 2}]},
-        {
-            "name": "small",
-            "devices": [{"type": "T4-16GB", "count": 2}, {"type": "L4-24GB", "count": 2}],
-        },
-    ],
-}
+from tests.scheduler.clusters import MIXED
 
 
 def _cost(draw: st.DrawFn) -> LayerCost:

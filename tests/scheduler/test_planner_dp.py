@@ -22,16 +22,15 @@ from scheduler.hardware.capacity import catalogue_budget_bytes
 from scheduler.hardware.catalogue import lookup
 from scheduler.hardware.cluster import Links, parse_cluster
 from scheduler.models.presets import get_preset
-from scheduler.planning.plan import Plan, plan_from_dict
-from scheduler.planning.planner import (
-    STRATEGIES,
-    make_plan,
+from scheduler.planning.dp import (
     optimal_split,
     plan_dp,
     plan_even,
     plan_proportional,
     proportional_split,
 )
+from scheduler.planning.plan import Plan, plan_from_dict
+from scheduler.planning.planner import STRATEGIES, make_plan
 from scheduler.units import format_bytes
 
 ALL_STRATEGIES = ("dp", "even", "proportional")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.models.presets import get_preset
-from scheduler.planning.planner import plan_dp
+from scheduler.planning.dp import plan_dp
 from scheduler.policy.configs import ClusterClasses
 from scheduler.policy.decide import decide
 from scheduler.policy.rates import PlannedRates

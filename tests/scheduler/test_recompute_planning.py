@@ -20,8 +20,10 @@ from scheduler.cost.profile import DeviceProfile, Profile, RecomputeCost, analyt
 from scheduler.errors import PlanError
 from scheduler.hardware.cluster import Links, load_cluster, parse_cluster
 from scheduler.models.presets import get_preset
+from scheduler.planning.dp import optimal_split, plan_dp
 from scheduler.planning.pipeline import plan_pp
-from scheduler.planning.planner import make_plan, optimal_split, plan_dp
+from scheduler.planning.planner import make_plan
+from tests.scheduler.clusters import MIXED
 
 MB = 10**6
 CLUSTERS = Path(__file__).resolve().parents[2] / "deploy" / "clusters"
@@ -148,18 +150,6 @@ def test_dp_with_recomputation_is_optimal_against_brute_force(
         d = next(x for x in devices if x.id == entry.id)
         assert entry.busy_s == pytest.approx(busy_s(d, entry.samples), rel=1e-9)
         assert entry.peak_bytes <= d.capacity_bytes
-
-
-MIXED = {
-    "name": "mixed",
-    "nodes": [
-        {"name": "big", "devices": [{"type": "A100-80GB", "count": 2}]},
-        {
-            "name": "small",
-            "devices": [{"type": "T4-16GB", "count": 2}, {"type": "L4-24GB", "count": 2}],
-        },
-    ],
-}
 
 
 def test_recomputation_lets_llama_13b_fit_a_pipeline_where_none_did() -> None:

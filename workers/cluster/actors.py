@@ -1,18 +1,8 @@
 """Ray plumbing shared by the pool, the profiler and the driver: placement, gathering, failure.
 
-Placement (DESIGN.md, "Implementation notes"): every actor asks for
-``num_cpus=0`` (so more simulated devices than cores can be placed) and
-lands on its device. On one machine each simulated device is a custom Ray
-resource, ``hetsched:NODE/INDEX``, created by :func:`start_local_ray`; when
-a local Ray was started without them (another cluster spec in the same
-process) the actor is pinned to this node instead. On a real cluster an
-actor asks for one GPU on the node that holds its device.
-
-Failure: :func:`gather` waits with :func:`ray.wait` and a deadline, so a run
-never hangs. The first error names its device; when several actors fail
-together (one dies, its peers then lose the collective) the root cause is
-preferred: out of memory, then a dead actor, then any other error, and
-communication errors of the peers last.
+Placement follows DESIGN.md, "Implementation notes" (:func:`actor_options`);
+:func:`gather` waits with a deadline, so a run never hangs, and names the device
+that failed first.
 """
 
 from __future__ import annotations
@@ -78,7 +68,15 @@ def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
 
 
 def actor_options(device: Device, *, simulated: bool, name: str | None = None) -> dict[str, Any]:
-    """Ray options that place one actor on ``device``."""
+    """Ray options that place one actor on ``device``.
+
+    Every actor asks for ``num_cpus=0`` (so more simulated devices than cores can be
+    placed) and lands on its device. On one machine each simulated device is a custom
+    Ray resource, ``hetsched:NODE/INDEX``, created by :func:`start_local_ray`; when a
+    local Ray was started without them (another cluster spec in the same process) the
+    actor is pinned to this node instead. On a real cluster an actor asks for one GPU on
+    the node that holds its device.
+    """
     options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_concurrency": 1}
     if name is not None:
         options["name"] = name
@@ -136,7 +134,13 @@ def describe(device_id: str, exc: BaseException) -> str:
 def gather(
     refs: Sequence[ray.ObjectRef], device_ids: Sequence[str], *, timeout_s: float, what: str
 ) -> list[Any]:
-    """Results of ``refs`` in order, or :class:`WorkerError` naming the failing device."""
+    """Results of ``refs`` in order, or :class:`WorkerError` naming the failing device.
+
+    Waits with :func:`ray.wait` and a deadline, so a run never hangs. The first error
+    names its device; when several actors fail together (one dies, its peers then lose
+    the collective) the root cause is preferred: out of memory, then a dead actor, then
+    any other error, and communication errors of the peers last.
+    """
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
     pending = list(refs)

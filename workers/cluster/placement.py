@@ -1,19 +1,8 @@
 """Which Ray node runs a device: a cluster spec's ``ray_node`` names matched to live nodes.
 
-On an external Ray cluster a simulated cluster spec places each node's
-devices on the Ray node its ``ray_node`` names (``scheduler/hardware/cluster.py``):
-a Ray node id, an IP address, a node name, or a custom resource the
-operator gave that node (``ray start --resources='{"node-a": 1}'``). A real
-GPU is named by its node's IP address (:func:`workers.session.connect_ray`).
-
-A name must match exactly one live Ray node; the match is made again at
-every actor start, so a node that left and came back (a new node id, the
-same resource) takes its devices again. A device whose name matches no live
-node is *lost* (:meth:`workers.cluster.pool.WorkerPool.lost`) until one appears.
-
-Example: Ray nodes ``{id: "ab12…", address: "10.0.0.5", resources: {"node-b": 1}}``
-and ``{id: "cd34…", address: "10.0.0.6"}``; ``node-b``, ``10.0.0.5`` and ``ab12…``
-all name the first; ``CPU`` names both, which is refused as ambiguous.
+A simulated spec names each node's Ray node (``scheduler/hardware/cluster.py``); a
+real GPU is named by its node's IP address (:func:`workers.session.connect_ray`).
+:func:`resolve` says how a name matches.
 """
 
 from __future__ import annotations
@@ -120,7 +109,17 @@ def selector_of(device: Device, *, simulated: bool) -> str | None:
 
 
 def resolve(selector: str, nodes: Sequence[RayNode], *, where: str) -> RayNode | None:
-    """The one node ``selector`` names, None when none is alive; several is an error."""
+    """The one node ``selector`` names, None when none is alive; several is an error.
+
+    A name must match exactly one live Ray node; the match is made again at
+    every actor start, so a node that left and came back (a new node id, the
+    same resource) takes its devices again. A device whose name matches no live
+    node is *lost* (:meth:`workers.cluster.pool.WorkerPool.lost`) until one appears.
+
+    Example: Ray nodes ``{id: "ab12…", address: "10.0.0.5", resources: {"node-b": 1}}``
+    and ``{id: "cd34…", address: "10.0.0.6"}``; ``node-b``, ``10.0.0.5`` and ``ab12…``
+    all name the first; ``CPU`` names both, which is refused as ambiguous.
+    """
     found = [n for n in nodes if n.answers_to(selector)]
     if len(found) > 1:
         listed = "; ".join(n.describe() for n in found)

@@ -1,23 +1,9 @@
 """The warm worker pool: one device actor per device, started once, reused by every job.
 
 Starting a Ray actor costs seconds (a process, torch's import, the first
-allocation), far more than a small job's first step. The pool keeps one
-:class:`~workers.runtime.worker.DeviceWorker` per device and hands the live ones to
-each run; a run joins them into its own process group and leaves it when it
-ends. After a failed run the workers that can leave it cleanly stay warm
-(:meth:`WorkerPool.salvage`); an actor that died (a crash, a killed process,
-a lost node) or is stuck in a collective is killed and started again on the
-next :meth:`WorkerPool.acquire`.
-
-Placement: a device of the embedded local Ray lands by its ``hetsched:``
-resource (:func:`workers.cluster.actors.actor_options`); a device whose spec node
-names a Ray node (``ray_node``, a simulated cluster on an external Ray), or
-a real GPU, is pinned to the Ray node that name matches now
-(:mod:`workers.cluster.placement`). Such a device is lost while no live node
-matches it, and back once one does.
-
-A service keeps one pool for its lifetime; ``hetsched simulate`` one per
-command; :func:`workers.session.train` without a pool uses a temporary one.
+allocation), far more than a small job's first step: hence :class:`WorkerPool`.
+A service keeps one pool for its lifetime; ``hetsched simulate`` one per command;
+:func:`workers.session.train` without a pool uses a temporary one.
 """
 
 from __future__ import annotations
@@ -45,7 +31,22 @@ SALVAGE_TIMEOUT_S = 10.0
 
 
 class WorkerPool:
-    """Warm device actors of one cluster (module docstring)."""
+    """Warm device actors of one cluster: owns one live actor per device, or none.
+
+    The pool keeps one :class:`~workers.runtime.worker.DeviceWorker` per device and
+    hands the live ones to each run; a run joins them into its own process group and
+    leaves it when it ends. After a failed run the workers that can leave it cleanly
+    stay warm (:meth:`WorkerPool.salvage`); an actor that died (a crash, a killed
+    process, a lost node) or is stuck in a collective is killed and started again on the
+    next :meth:`WorkerPool.acquire`.
+
+    Placement: a device of the embedded local Ray lands by its ``hetsched:``
+    resource (:func:`workers.cluster.actors.actor_options`); a device whose spec node
+    names a Ray node (``ray_node``, a simulated cluster on an external Ray), or
+    a real GPU, is pinned to the Ray node that name matches now
+    (:mod:`workers.cluster.placement`). Such a device is lost while no live node
+    matches it, and back once one does.
+    """
 
     def __init__(self, cluster: Cluster, *, simulated: bool) -> None:
         self.cluster = cluster

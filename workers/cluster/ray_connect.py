@@ -1,17 +1,5 @@
 """Connecting to an external Ray cluster, with Ray's token authentication.
 
-Ray 2.60 starts ``ray start --head`` with token authentication on, and a
-driver that connects to an explicit address speaks it only when
-``RAY_AUTH_MODE=token`` is set in its own environment. Without it Ray's GCS
-client retries for ever, logging ``InvalidAuthToken`` every second and never
-saying what to do. So before ``ray.init`` the service asks the cluster's GCS
-once (:func:`check_auth`, a single RPC that fails at once on a refused
-token): when the cluster wants a token and one is available where Ray looks
-for it (``RAY_AUTH_TOKEN``, the file named by ``RAY_AUTH_TOKEN_PATH``,
-``~/.ray/auth_token``), this process turns token mode on and checks again;
-when none is there, or the cluster refuses it, the answer is one line
-saying what is missing and how to give it (:class:`RayAuthError`).
-
 Source: Ray's token authentication guide
 (https://docs.ray.io/en/latest/ray-security/token-auth.html) and
 ``ray._private.authentication``.
@@ -120,7 +108,19 @@ def gcs_address(address: str) -> str | None:
 
 def check_auth(address: str) -> None:
     """Make this process able to talk to the Ray cluster at ``address``, or raise
-    :class:`RayAuthError` with one line saying what is missing (module docstring)."""
+    :class:`RayAuthError` with one line saying what is missing.
+
+    Ray 2.60 starts ``ray start --head`` with token authentication on, and a driver that
+    connects to an explicit address speaks it only when ``RAY_AUTH_MODE=token`` is set
+    in its own environment. Without it Ray's GCS client retries for ever, logging
+    ``InvalidAuthToken`` every second and never saying what to do. So before
+    ``ray.init`` the service asks the cluster's GCS once (a single RPC that fails at
+    once on a refused token): when the cluster wants a token and one is available where
+    Ray looks for it (``RAY_AUTH_TOKEN``, the file named by ``RAY_AUTH_TOKEN_PATH``,
+    ``~/.ray/auth_token``), this process turns token mode on and checks again; when none
+    is there, or the cluster refuses it, the answer is one line saying what is missing
+    and how to give it (:class:`RayAuthError`).
+    """
     gcs = gcs_address(address)
     if gcs is None or not _refused(gcs):
         return

@@ -1,21 +1,7 @@
 """Dataset files on disk: the two kinds, their checks, and the token file's sidecar.
 
-Two kinds of dataset:
-
-- a text file (any suffix but ``.bin``): every byte is a token, vocabulary 256;
-- a token file ``NAME.bin``: a flat array of token ids, the layout nanoGPT's
-  ``prepare.py`` writes (``np.array(ids, dtype=np.uint16).tofile(...)``),
-  native little-endian, no header. Its dtype and vocabulary live in a sidecar
-  ``NAME.bin.json``: ``{"dtype": "uint16", "vocab_size": 50257,
-  "tokenizer": "NAME.tokenizer.json"}`` (the tokenizer is optional, a file
-  name beside the data).
-
-:func:`inspect_dataset` runs every check a job needs before any worker
-starts, each failure one line naming the file and what is allowed: a missing
-or invalid sidecar, a size that is not a whole number of tokens, token ids
-beyond the declared vocabulary (a corrupt file), a declared vocabulary or
-ids beyond the model's, and too few tokens for one global batch.
-
+A text file (any suffix but ``.bin``) is its bytes as tokens; a token file
+``NAME.bin`` is a flat array of token ids described by its :class:`Sidecar`.
 Only numpy is imported, so the control plane can check uploads cheaply.
 """
 
@@ -46,6 +32,15 @@ Split = Literal["train", "val"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sidecar:
+    """What ``NAME.bin.json`` says of the token file ``NAME.bin`` beside it.
+
+    The token file is a flat array of token ids, the layout nanoGPT's
+    ``prepare.py`` writes (``np.array(ids, dtype=np.uint16).tofile(...)``), native
+    little-endian, no header; its dtype and vocabulary live here:
+    ``{"dtype": "uint16", "vocab_size": 50257, "tokenizer": "NAME.tokenizer.json"}``
+    (the tokenizer is optional, a file name beside the data).
+    """
+
     dtype: str
     vocab_size: int
     tokenizer: str | None = None
@@ -211,7 +206,14 @@ def inspect_dataset(
     val_fraction: float = DEFAULT_VAL_FRACTION,
 ) -> DatasetInfo:
     """Every check a job's dataset must pass, against a model (``vocab_size``, ``seq_len``)
-    and a global batch when given; raises one line on the first failure."""
+    and a global batch when given; raises one line on the first failure.
+
+    It runs every check a job needs before any worker
+    starts, each failure one line naming the file and what is allowed: a missing
+    or invalid sidecar, a size that is not a whole number of tokens, token ids
+    beyond the declared vocabulary (a corrupt file), a declared vocabulary or
+    ids beyond the model's, and too few tokens for one global batch.
+    """
     info = describe_file(path)
     if info.kind == "tokens":
         check_token_ids(path)

@@ -1,27 +1,9 @@
 """Language-modelling data with a split-independent sample order.
 
-Two kinds of dataset (workers/data/datafile.py): the bytes of a text file (every
-byte a token, vocabulary 256) and a flat file of token ids read through a
-memory map. :func:`open_dataset` returns either. A sample is ``seq_len + 1``
-consecutive tokens starting at some offset: inputs are the first
-``seq_len``, targets the last ``seq_len``.
-
-Correctness rule (DESIGN.md): step ``t``'s global batch is a function of
-``(seed, t)`` alone. :meth:`TokenDataset.batch_starts` draws the
-``global_batch`` start offsets from a generator seeded by ``(seed, t)``; a
-device whose plan offset is ``o`` and that computes ``n`` samples takes
-starts ``[o, o + n)``. The union over devices is therefore the same samples
-in the same order for any plan, and a one-device run sees exactly the same
-batch. Both kinds share this code; they differ only in how tokens are read.
-
-Held-out validation. The last ``val_fraction`` of the tokens (5 % by
-default) form the ``val`` split, which training never reads. Validation
-batches are deterministic and the same at every evaluation: ``global_batch``
-windows spread evenly over the split, whatever the seed and step, so a
-validation curve shows the model changing, not the sample.
-
-The default corpus is ``workers/data/corpus/python-docs.txt`` (see its README),
-shipped with the package so training needs no network.
+Step ``t``'s global batch is a function of ``(seed, t)`` alone (DESIGN.md,
+"Correctness"): the same samples in the same order whatever the plan. Two kinds of
+dataset (:mod:`workers.data.datafile`) share that code: the bytes of a text file and
+a flat file of token ids; :func:`open_dataset` returns either.
 """
 
 from __future__ import annotations
@@ -51,7 +33,14 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 class TokenDataset:
-    """One split of a token stream ``tokens`` (N,), any integer array, possibly mapped."""
+    """One split of a token stream ``tokens`` (N,), any integer array, possibly mapped.
+
+    A sample is ``seq_len + 1`` consecutive tokens starting at some offset: inputs
+    are the first ``seq_len``, targets the last ``seq_len``. The last
+    ``val_fraction`` of the tokens (5 % by default) form the ``val`` split, which
+    training never reads. The two kinds of dataset differ only in how tokens are
+    read.
+    """
 
     def __init__(
         self,
@@ -81,7 +70,14 @@ class TokenDataset:
     def batch_starts(self, *, seed: int, step: int, global_batch: int) -> torch.Tensor:
         """Start offsets ``(global_batch,)`` of step ``step``'s samples, fixed by (seed, step).
 
-        For the ``val`` split: the same evenly spread windows for every seed and step.
+        Drawn from a generator seeded by ``(seed, step)``; a device whose plan offset
+        is ``o`` and that computes ``n`` samples takes starts ``[o, o + n)``. The
+        union over devices is therefore the same samples in the same order for any
+        plan, and a one-device run sees exactly the same batch.
+
+        For the ``val`` split: ``global_batch`` windows spread evenly over the split,
+        the same for every seed and step, so a validation curve shows the model
+        changing, not the sample.
         """
         high = self.num_tokens - self.seq_len - 1
         if self.split == "val":
@@ -162,7 +158,11 @@ def open_dataset(
     split: Split = "train",
     val_fraction: float = DEFAULT_VAL_FRACTION,
 ) -> TokenDataset:
-    """A ``.bin`` token file, or the bytes of any other file (``None``: the bundled corpus)."""
+    """A ``.bin`` token file, or the bytes of any other file (``None``: the bundled corpus).
+
+    The default corpus is ``workers/data/corpus/python-docs.txt`` (see its README),
+    shipped with the package so training needs no network.
+    """
     if path is not None and is_token_file(Path(path)):
         return TokenFileDataset(
             Path(path),

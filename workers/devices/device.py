@@ -1,25 +1,8 @@
 """Devices: where a pass runs, how long it takes and what memory it needs.
 
-One abstraction, two kinds (DESIGN.md, "Simulated devices"), used by every
-runtime (data-parallel ranks and pipeline stages alike) and by the profiler:
-
-- :class:`CudaDevice`, a real GPU: time from CUDA events around each forward
-  and backward pass (read once per step, never by synchronising in between,
-  which would also wait for NCCL's streams), memory from the caching
-  allocator's peak, the usable budget from :func:`scheduler.hardware.capacity.gpu_budget_bytes`.
-- :class:`SimulatedDevice`, a GPU emulated on the CPU: the real pass runs,
-  then the device sleeps out the rest of its *target* time (:mod:`workers.devices.pacing`):
-  a forward pass takes a third of ``target_s(m)``, a backward two thirds, and
-  a pass that overran its target (host contention, a late wake-up) is paid
-  back by the following passes of the step. Memory is counted: model states
-  (weights, gradients, AdamW's two moments, all fp32) plus every tensor
-  autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``),
-  each storage once and parameters excluded, summed over the micro-batches in
-  flight. A forward pass over the capacity raises :class:`DeviceOutOfMemory`,
-  as CUDA would.
-
-A step is ``start_step()``, any interleaving of ``forward``/``backward``
-(1F1B for pipelines), then ``finish_step()`` for the device time and peak.
+One abstraction, :class:`TorchDevice`, with a real GPU (:class:`CudaDevice`) and
+one emulated on the CPU (:class:`SimulatedDevice`, DESIGN.md "Simulated devices"),
+used by every runtime and by the profiler.
 """
 
 from __future__ import annotations
@@ -63,7 +46,11 @@ def model_state_bytes(model: nn.Module) -> int:
 
 
 class TorchDevice(ABC):
-    """Runs forward and backward passes; times them and accounts their memory."""
+    """Runs forward and backward passes; times them and accounts their memory.
+
+    A step is ``start_step()``, any interleaving of ``forward``/``backward``
+    (1F1B for pipelines), then ``finish_step()`` for the device time and peak.
+    """
 
     id: str
     capacity_bytes: int
@@ -151,6 +138,19 @@ class SavedBytes:
 
 
 class SimulatedDevice(TorchDevice):
+    """A GPU emulated on the CPU: owns the step's paced time, its overrun and its
+    memory count.
+
+    The real pass runs, then the device sleeps out the rest of its *target* time
+    (:mod:`workers.devices.pacing`): a forward pass takes a third of
+    ``target_s(m)``, a backward two thirds, and a pass that overran its target
+    (host contention, a late wake-up) is paid back by the following passes of the
+    step. Memory is counted: model states (weights, gradients, AdamW's two
+    moments, all fp32) plus every tensor autograd saves for backward
+    (:class:`SavedBytes`), summed over the micro-batches in flight. A forward pass
+    over the capacity raises :class:`DeviceOutOfMemory`, as CUDA would.
+    """
+
     def __init__(self, *, device_id: str, capacity_bytes: int, pacing: Pacing) -> None:
         self.id = device_id
         self.capacity_bytes = capacity_bytes
@@ -221,7 +221,13 @@ class SimulatedDevice(TorchDevice):
 
 
 class CudaDevice(TorchDevice):
-    """A real GPU; the actor sees it as ``cuda:index`` (Ray sets CUDA_VISIBLE_DEVICES)."""
+    """A real GPU; the actor sees it as ``cuda:index`` (Ray sets CUDA_VISIBLE_DEVICES).
+
+    Owns the step's CUDA events: time comes from events around each forward and
+    backward pass, read once per step (synchronising in between would also wait
+    for NCCL's streams); memory from the caching allocator's peak; the usable
+    budget from :func:`scheduler.hardware.capacity.gpu_budget_bytes`.
+    """
 
     def __init__(self, *, device_id: str, index: int = 0) -> None:
         self.id = device_id

@@ -1,25 +1,9 @@
 """Per-layer figures for pipeline planning: one block, the embedding and the head.
 
-Two measurements, both through :mod:`workers.devices.device`:
-
-- :func:`host_layers` times each piece's forward+backward on this host (one
-  thread, min of several runs per micro-batch size, a line fit as in
-  :mod:`workers.devices.calibration`) and rescales the pieces by one factor so that
-  ``embed + L·block + head`` equals the whole model's host calibration. A
-  simulated pipeline stage is then paced by the sum of its pieces, so a
-  pipeline and a data-parallel run of the same model do the same total work.
-  Cached on disk next to the host calibration.
-- :func:`measure_layers` runs each piece, as a module of its own, through a
-  device's ``run_micro_batch`` at two micro-batch sizes: the device's time
-  (CUDA events on a GPU, the paced time on a simulated device) gives
-  ``fixed_s`` and ``per_sample_s``; its peak memory gives the saved
-  activations per sample (the slope), and the piece's parameters the model
-  states (weights, gradients, AdamW moments). The head is measured as a
-  pipeline's last stage holds it, with its own copy of the tied embedding
-  weight, so its ``static_bytes`` include that copy
-  (:func:`scheduler.planning.stages.tied_embedding`).
-
-Stage-boundary activations are one ``(T, C)`` fp32 tensor per sample.
+Two measurements, both through :mod:`workers.devices.device`: this host's time per
+piece (:func:`host_layers`), which paces simulated stages, and a device's time and
+memory per piece (:func:`measure_layers`). Stage-boundary activations are one
+``(T, C)`` fp32 tensor per sample.
 """
 
 from __future__ import annotations
@@ -146,7 +130,15 @@ def normalise(
 def host_layers(
     preset: ModelPreset, whole: HostCalibration, *, cache_dir: Path | None = None
 ) -> dict[str, HostCalibration]:
-    """This host's per-piece times, normalised to ``whole`` (memory, disk, then measured)."""
+    """This host's per-piece times, normalised to ``whole`` (memory, disk, then measured).
+
+    Times each piece's forward+backward on this host (one thread, min of several runs
+    per micro-batch size, a line fit as in :mod:`workers.devices.calibration`) and
+    rescales the pieces by one factor so that ``embed + L·block + head`` equals the
+    whole model's host calibration. A simulated pipeline stage is then paced by the sum
+    of its pieces, so a pipeline and a data-parallel run of the same model do the same
+    total work. Cached on disk next to the host calibration.
+    """
     key = f"layers-{host_key(preset)}"
     path = (cache_dir or default_cache_dir()) / "calibration" / f"{key}.json"
     with _LOCK:
@@ -241,11 +233,20 @@ def measure_layers(
     sizes: Sequence[int] = DEVICE_SIZES,
     repeats: int = 2,
 ) -> LayerProfile:
-    """Per-layer costs of ``preset`` on ``device`` (module docstring).
+    """Per-layer costs of ``preset`` on ``device``.
 
     A simulated device paces each piece by its share of the host time
     (``host_pieces``, from :func:`host_layers`), so it needs them; a CUDA
     device is timed as it is.
+
+    Runs each piece, as a module of its own, through a device's ``run_micro_batch`` at
+    two micro-batch sizes: the device's time (CUDA events on a GPU, the paced time on a
+    simulated device) gives ``fixed_s`` and ``per_sample_s``; its peak memory gives the
+    saved activations per sample (the slope), and the piece's parameters the model
+    states (weights, gradients, AdamW moments). The head is measured as a pipeline's
+    last stage holds it, with its own copy of the tied embedding weight, so its
+    ``static_bytes`` include that copy
+    (:func:`scheduler.planning.stages.tied_embedding`).
     """
     costs = {}
     for piece in PIECES:

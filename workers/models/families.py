@@ -4,15 +4,6 @@ The runtimes never name a class: :func:`build_model` dispatches on
 ``preset.family``, and a pipeline stage asks :func:`stage_pieces` which named
 pieces it holds and :func:`piece_of_param` which piece a parameter is in, to
 form one gradient all-reduce per set of holders.
-
-=========  ==================================  =====================================
-family     first stage holds                   last stage holds
-=========  ==================================  =====================================
-gpt        ``wte``, ``wpe``                    ``wte`` (tied head copy), ``ln_f``
-llama      ``tok_embeddings``                  ``norm``, ``output`` (untied)
-=========  ==================================  =====================================
-
-Between them, every stage holds ``block{i}`` for its layer range.
 """
 
 from __future__ import annotations
@@ -91,6 +82,15 @@ def stage_pieces(
     >>> from scheduler.models.presets import get_preset
     >>> stage_pieces(get_preset("gpt-tiny"), layers=(2, 4), is_first=False, is_last=True)
     ['block2', 'block3', 'wte', 'ln_f']
+
+    =========  ==================================  =====================================
+    family     first stage holds                   last stage holds
+    =========  ==================================  =====================================
+    gpt        ``wte``, ``wpe``                    ``wte`` (tied head copy), ``ln_f``
+    llama      ``tok_embeddings``                  ``norm``, ``output`` (untied)
+    =========  ==================================  =====================================
+
+    Between them, every stage holds ``block{i}`` for its layer range.
     """
     spec = FAMILIES[preset.family]
     out = list(spec.embed_pieces) if is_first else []
@@ -103,9 +103,3 @@ def stage_pieces(
 def piece_of_param(preset: ModelPreset, name: str) -> str:
     """The piece a parameter (by its global name) of ``preset``'s model belongs to."""
     return FAMILIES[preset.family].piece_of_param(name)
-
-
-def tied_pieces(preset: ModelPreset) -> tuple[str, ...]:
-    """Pieces the first and the last stage both hold (GPT's ``wte``; none for Llama)."""
-    spec = FAMILIES[preset.family]
-    return tuple(p for p in spec.embed_pieces if p in spec.head_pieces)

@@ -4,19 +4,6 @@ Follows nanoGPT (Karpathy, 2022) and GPT-2 (Radford et al., 2019): learned
 token and position embeddings, pre-norm blocks of causal self-attention and a
 GELU MLP, a final LayerNorm and a head tied to the token embedding.
 
-It is sliceable into pipeline stages: :class:`GPT` holds an optional
-:class:`Embedding`, the blocks ``[first, last)`` (kept under their global
-index, ``blocks["3"]``) and an optional :class:`Head`. Every parameter is
-initialised from its own generator seeded by ``(seed, global parameter
-name)``, so a stage holds exactly the weights the whole model would have,
-whatever the slicing, without building the whole model.
-
-Tied head. The whole model (embedding and head on one device) ties
-``head.weight`` to ``embed.wte.weight``, as GPT-2 does. A stage that holds the
-head but not the embedding gets its own copy of the embedding weight,
-initialised identically; the pipeline runtime sums the two copies' gradients
-between first and last stage so they stay equal.
-
 Legend: B batch, T sequence length, C d_model, nh heads, hs head size, V vocabulary.
 """
 
@@ -29,6 +16,7 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
+from workers.models.stage import StageModel
 
 
 class CausalSelfAttention(nn.Module):
@@ -98,14 +86,22 @@ class Head(nn.Module):
         return F.linear(self.ln_f(x), self.weight)  # (B, T, V)
 
 
-class GPT(nn.Module):
+class GPT(StageModel):
     """Blocks ``[first, last)`` of a GPT, with the embedding and/or the head.
 
     ``GPT(preset, seed=0)`` is the whole model. A pipeline stage is
     ``GPT(preset, seed=0, first=2, last=4, embed=False, head=True)``: its
     forward takes the hidden states ``(B, T, C)`` of the previous stage and
     returns logits ``(B, T, V)`` when it holds the head.
+
+    The whole model (embedding and head on one device) ties
+    ``head.weight`` to ``embed.wte.weight``, as GPT-2 does. A stage that holds the
+    head but not the embedding gets its own copy of the embedding weight,
+    initialised identically; the pipeline runtime sums the two copies' gradients
+    between first and last stage so they stay equal.
     """
+
+    family = "gpt"
 
     def __init__(
         self,
@@ -117,22 +113,9 @@ class GPT(nn.Module):
         embed: bool = True,
         head: bool = True,
     ) -> None:
-        super().__init__()
-        if preset.family != "gpt":
-            raise HetschedError(
-                f"model: {preset.name} is a {preset.family} preset; build it with "
-                "workers.models.families.build_model"
-            )
-        last = preset.num_layers if last is None else last
-        if not 0 <= first <= last <= preset.num_layers:
-            raise HetschedError(
-                f"layers: [{first}, {last}) is not a block range of {preset.name} "
-                f"(0..{preset.num_layers})"
-            )
-        self.preset = preset
-        self.first, self.last = first, last
+        super().__init__(preset, first=first, last=last)
         self.embed = Embedding(preset) if embed else None
-        self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(first, last)})
+        self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(self.first, self.last)})
         self.head = Head(preset) if head else None
         init_parameters(
             self,
@@ -156,9 +139,6 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(x)  # (B, T, V)
         return x
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _global_name(name: str) -> str:

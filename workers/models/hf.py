@@ -1,24 +1,10 @@
 """Hugging Face in and out: hetsched state dicts to ``transformers``' names and back.
 
-:func:`to_hf_state_dict` and :func:`from_hf_state_dict` map a whole model's
-state dict (hetsched's global parameter names, as a checkpoint holds them)
-to those of ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` and back; they touch
-no file, so any checkpoint format plugs in. :func:`save_hf_directory` and
-:func:`load_hf_directory` write and read the directory ``from_pretrained``
-reads: ``config.json`` (scheduler/models/hf_config.py), ``model.safetensors`` (or
-sharded ``model-*.safetensors`` with their index) and ``tokenizer.json``
-(with a ``tokenizer_config.json`` that lets ``AutoTokenizer`` read it).
-
-Two layout differences, handled here:
-
-- GPT-2's ``Conv1D`` stores its weight as ``(in, out)``, the transpose of
-  ``nn.Linear``'s ``(out, in)``; its fused ``c_attn`` splits into q, k, v in
-  the same order as hetsched's ``qkv``. The head is tied to ``wte``, so only
-  ``wte`` is written.
-- Llama: hetsched's rotary embedding pairs dimensions ``i`` and ``i + hs/2``,
-  the layout of ``transformers``' Llama, so q and k map unpermuted.
-
-Needs ``safetensors`` (the ``hf`` extra) only to read and write files.
+:func:`to_hf_state_dict` and :func:`from_hf_state_dict` map a whole model's state
+dict to those of ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` and back, touching no
+file; :func:`save_hf_directory` and :func:`load_hf_directory` write and read the
+directory ``from_pretrained`` reads. Needs ``safetensors`` (the ``hf`` extra) only
+to read and write files.
 """
 
 from __future__ import annotations
@@ -85,7 +71,17 @@ _IGNORED = re.compile(r"(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq
 
 
 def _name_map(preset: ModelPreset) -> list[tuple[str, str, bool]]:
-    """Every (hetsched name, Hugging Face name, transposed?) of the whole model."""
+    """Every (hetsched name, Hugging Face name, transposed?) of the whole model.
+
+    Two layout differences, handled here:
+
+    - GPT-2's ``Conv1D`` stores its weight as ``(in, out)``, the transpose of
+      ``nn.Linear``'s ``(out, in)``; its fused ``c_attn`` splits into q, k, v in
+      the same order as hetsched's ``qkv``. The head is tied to ``wte``, so only
+      ``wte`` is written.
+    - Llama: hetsched's rotary embedding pairs dimensions ``i`` and ``i + hs/2``,
+      the layout of ``transformers``' Llama, so q and k map unpermuted.
+    """
     if preset.family == "gpt":
         outer, block, prefix = _GPT_OUTER, _GPT_BLOCK, "transformer.h"
     else:
@@ -171,7 +167,11 @@ def save_hf_directory(
     tokenizer: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> list[Path]:
-    """Write ``config.json``, ``model.safetensors`` and the tokenizer; the files written."""
+    """Write ``config.json``, ``model.safetensors`` and the tokenizer; the files written.
+
+    ``config.json`` comes from :mod:`scheduler.models.hf_config`; ``tokenizer.json``
+    goes with a ``tokenizer_config.json`` that lets ``AutoTokenizer`` read it.
+    """
     save_file, _ = _safetensors()
     out_dir = Path(out_dir)
     hf_state = {
@@ -200,7 +200,8 @@ def save_hf_directory(
 def load_hf_directory(
     directory: str | Path, *, seq_len: int | None = None
 ) -> tuple[ModelPreset, StateDict]:
-    """The preset and hetsched state dict of a Hugging Face model directory."""
+    """The preset and hetsched state dict of a Hugging Face model directory: its
+    ``model.safetensors``, or the sharded ``model-*.safetensors`` its index names."""
     directory = Path(directory)
     preset = load_hf_config(directory, seq_len=seq_len)
     index = directory / WEIGHTS_INDEX_NAME

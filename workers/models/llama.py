@@ -7,18 +7,6 @@ RoFormer, 2021) and grouped-query attention (Ainslie et al., 2023), a SwiGLU
 MLP (Shazeer, 2020), a final RMSNorm and an untied output projection. No
 biases anywhere.
 
-Rotary layout. The rotation pairs dimension ``i`` of a head with ``i + hs/2``
-(the "rotate half" layout of Hugging Face's Llama), not adjacent dimensions
-as Meta's reference code does, so q/k weights map to and from ``transformers``
-unpermuted (workers/models/hf.py).
-
-Sliceable into pipeline stages exactly like :class:`workers.models.gpt.GPT`: the
-blocks ``[first, last)`` are kept under their global index (``blocks["3"]``),
-the embedding and the head (final norm and output) are optional, and every
-parameter is initialised from its own generator seeded by ``(seed, global
-parameter name)`` (workers/models/init.py), so a stage holds exactly the weights of
-the whole model. The head is untied, so no weight is shared between stages.
-
 Legend: B batch, T sequence length, C d_model, nh query heads, nkv key/value
 heads, hs head size, F MLP hidden size, V vocabulary.
 """
@@ -32,6 +20,7 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
+from workers.models.stage import StageModel
 
 
 class RMSNorm(nn.Module):
@@ -49,7 +38,13 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Cosines and sines of the rotary angles ``t · θ^(-2i/hs)`` for t < T_max."""
+    """Cosines and sines of the rotary angles ``t · θ^(-2i/hs)`` for t < T_max.
+
+    The rotation pairs dimension ``i`` of a head with ``i + hs/2``
+    (the "rotate half" layout of Hugging Face's Llama), not adjacent dimensions
+    as Meta's reference code does, so q/k weights map to and from ``transformers``
+    unpermuted (workers/models/hf.py).
+    """
 
     def __init__(self, preset: ModelPreset) -> None:
         super().__init__()
@@ -126,7 +121,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Llama(nn.Module):
+class Llama(StageModel):
     """Blocks ``[first, last)`` of a Llama, with the embedding and/or the head.
 
     ``Llama(preset, seed=0)`` is the whole model. A pipeline stage is
@@ -135,6 +130,7 @@ class Llama(nn.Module):
     returns logits ``(B, T, V)`` when it holds the head.
     """
 
+    family = "llama"
     tied = False
     """The head is its own weight (unlike GPT-2's); nothing to keep equal across stages."""
 
@@ -148,24 +144,13 @@ class Llama(nn.Module):
         embed: bool = True,
         head: bool = True,
     ) -> None:
-        super().__init__()
-        if preset.family != "llama":
-            raise HetschedError(
-                f"model: {preset.name} is a {preset.family} preset; build it with "
-                "workers.models.families.build_model"
-            )
-        last = preset.num_layers if last is None else last
-        if not 0 <= first <= last <= preset.num_layers:
-            raise HetschedError(
-                f"layers: [{first}, {last}) is not a block range of {preset.name} "
-                f"(0..{preset.num_layers})"
-            )
-        self.preset = preset
-        self.first, self.last = first, last
+        super().__init__(preset, first=first, last=last)
         C, V = preset.d_model, preset.vocab_size
         self.tok_embeddings = nn.Embedding(V, C) if embed else None
         rotary = Rotary(preset)
-        self.blocks = nn.ModuleDict({str(i): Block(preset, rotary) for i in range(first, last)})
+        self.blocks = nn.ModuleDict(
+            {str(i): Block(preset, rotary) for i in range(self.first, self.last)}
+        )
         self.norm = RMSNorm(C, preset.norm_eps) if head else None
         self.output = nn.Linear(C, V, bias=False) if head else None
         init_parameters(self, seed=seed, num_layers=preset.num_layers, kind_of=_param_kind)
@@ -178,9 +163,6 @@ class Llama(nn.Module):
         if self.norm is not None and self.output is not None:
             x = self.output(self.norm(x))  # (B, T, V)
         return x
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _param_kind(name: str) -> ParamKind:

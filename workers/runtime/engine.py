@@ -1,22 +1,8 @@
 """Engines: what a warm device worker runs for one job, one per kind of rank.
 
-An engine is built inside a :class:`workers.runtime.worker.DeviceWorker` when the
-worker joins a run, and dropped when it leaves. :class:`Engine` holds what
-every kind shares: the model slice the rank holds (the whole model, or a
-pipeline stage's blocks) built from the seed, its AdamW optimizer, the data
-and the loss scale; and state under whole-model parameter names.
-:class:`DataParallelEngine` is the data-parallel step; the pipeline step is
-:class:`workers.runtime.pipeline_engine.PipelineEngine`.
-
-Data parallelism (DESIGN.md, Correctness): a rank computes its slice
-``[offset, offset + samples)`` of the global batch in ``accum_steps``
-micro-batches; its loss is the summed token cross-entropy divided by
-``global_batch · seq_len``, so a SUM all-reduce of the gradients yields the
-full-batch mean gradient whatever the split, and AdamW steps identically on
-every rank (lockstep). Gradients live in one flat buffer (``p.grad`` are
-views into it, as DDP's ``gradient_as_bucket_view``), with one extra slot for
-the loss sum; its all-reduce starts as soon as the last micro-batch's
-backward is done and overlaps the rest of the device's time.
+:class:`Engine` holds what every kind shares; :class:`DataParallelEngine` is the
+data-parallel step, :class:`workers.runtime.pipeline_engine.PipelineEngine` the
+pipeline's. Loss and gradients follow DESIGN.md, "Correctness".
 """
 
 from __future__ import annotations
@@ -89,7 +75,14 @@ def micro_batches(
 
 
 class Engine(ABC):
-    """One rank's model, optimizer and data for one run."""
+    """One rank's model, optimizer and data for one run.
+
+    Built inside a :class:`workers.runtime.worker.DeviceWorker` when the worker
+    joins a run and dropped when it leaves. Owns the model slice the rank holds
+    (the whole model, or a pipeline stage's blocks) built from the seed, its AdamW
+    optimizer, the data, the loss scale, and its state under whole-model
+    parameter names.
+    """
 
     def __init__(self, run: RunSpec, rank: RankSpec, device: TorchDevice) -> None:
         self.run, self.rank, self.device = run, rank, device
@@ -243,6 +236,18 @@ class Engine(ABC):
 
 
 class DataParallelEngine(Engine):
+    """A data-parallel rank: owns the flat gradient buffer its all-reduce sums.
+
+    The rank computes its slice ``[offset, offset + samples)`` of the global batch
+    in ``accum_steps`` micro-batches; its loss is the summed token cross-entropy
+    divided by ``global_batch · seq_len``, so a SUM all-reduce of the gradients
+    yields the full-batch mean gradient whatever the split, and AdamW steps
+    identically on every rank (lockstep). Gradients live in one flat buffer
+    (``p.grad`` are views into it, as DDP's ``gradient_as_bucket_view``), with one
+    extra slot for the loss sum; its all-reduce starts as soon as the last
+    micro-batch's backward is done and overlaps the rest of the device's time.
+    """
+
     def __init__(self, run: RunSpec, rank: RankSpec, device: TorchDevice) -> None:
         super().__init__(run, rank, device)
         params = list(self.model.parameters())

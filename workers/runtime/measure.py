@@ -1,30 +1,7 @@
 """What the profiler measures inside a device's worker: memory, the largest fit, time.
 
-Runs in a :class:`~workers.runtime.worker.DeviceWorker` through the device's
-:class:`~workers.devices.device.TorchDevice`, so simulated and real devices are
-measured by one code path (DESIGN.md):
-
-1. model states ``static_bytes``: weights, gradients and AdamW moments (on a
-   GPU read while the optimizer that owns the moments is still alive);
-2. saved activations ``per_sample_bytes``: per sample, the largest of the
-   ratios at 1, 2 and 4 samples, so ``static + m · per_sample`` over-counts
-   rather than under-counts at any ``m``;
-3. the largest micro-batch that fits, checked by running it. A simulated
-   device accounts memory rather than using it, so its check is bounded by
-   the host memory the check itself would need (``HOST_CHECK_BYTES``), never
-   by the emulated capacity: simulating an 80 GB GPU at ``memory_scale: 1``
-   must not need 80 GB of host memory. Above that bound the simulated
-   device's count is exact arithmetic on the same model. A real GPU is
-   checked up to ``MAX_CHECKED_MICRO_BATCH``, the largest that plans use;
-4. forward+backward time at several micro-batch sizes (median of repeats
-   after a warm-up) and a least-squares fit of ``fixed_s + m · per_sample_s``;
-5. the same memory and time under ``selective`` and ``full`` activation
-   recomputation (:func:`workers.runtime.engine.set_recompute`), which the planners
-   may choose per device.
-
-A device that cannot hold the model states at all is reported with no
-fitting micro-batch (the planner leaves it out) instead of failing the
-profile.
+Through the device's :class:`~workers.devices.device.TorchDevice`, so simulated
+and real devices are measured by one code path (DESIGN.md, "Simulated devices").
 """
 
 from __future__ import annotations
@@ -74,6 +51,33 @@ class DeviceFigures:
 
 
 class Measurement:
+    """One device's figures for one model, measured in its worker; owns the device,
+    the preset and the synthetic data it measures with.
+
+    :meth:`run` measures, in order:
+
+    1. model states ``static_bytes``: weights, gradients and AdamW moments (on a
+       GPU read while the optimizer that owns the moments is still alive);
+    2. saved activations ``per_sample_bytes``: per sample, the largest of the
+       ratios at 1, 2 and 4 samples, so ``static + m · per_sample`` over-counts
+       rather than under-counts at any ``m``;
+    3. the largest micro-batch that fits, checked by running it. A simulated
+       device accounts memory rather than using it, so its check is bounded by
+       the host memory the check itself would need (``HOST_CHECK_BYTES``), never
+       by the emulated capacity: simulating an 80 GB GPU at ``memory_scale: 1``
+       must not need 80 GB of host memory. Above that bound the simulated
+       device's count is exact arithmetic on the same model. A real GPU is
+       checked up to ``MAX_CHECKED_MICRO_BATCH``, the largest that plans use;
+    4. forward+backward time at several micro-batch sizes (median of repeats
+       after a warm-up) and a least-squares fit of ``fixed_s + m · per_sample_s``;
+    5. the same memory and time under ``selective`` and ``full`` activation
+       recomputation (:func:`workers.runtime.engine.set_recompute`), which the
+       planners may choose per device.
+
+    A device that cannot hold the model states at all is reported with no
+    fitting micro-batch (the planner leaves it out) instead of failing the profile.
+    """
+
     def __init__(self, device: TorchDevice, preset: ModelPreset) -> None:
         self.device = device
         self.preset = preset
@@ -201,7 +205,7 @@ class Measurement:
         return int(torch.cuda.memory_allocated(self.device.torch_device)), optimizer
 
     def _largest_fit(self, model: nn.Module, static: int, per_sample: int) -> int:
-        """The largest micro-batch that fits, checked by running it (module docstring)."""
+        """The largest micro-batch that fits, checked by running it (see :class:`Measurement`)."""
         max_m = max(0, (self.device.capacity_bytes - static) // per_sample)
         if isinstance(self.device, SimulatedDevice):
             check = min(max_m, max(1, HOST_CHECK_BYTES // per_sample))

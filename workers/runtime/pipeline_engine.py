@@ -1,37 +1,15 @@
 """The pipeline engine: one stage of a ``pp`` or ``hybrid`` plan under 1F1B.
 
-A rank holds blocks ``[first, last)`` (plus the embedding on stage 0, the
-final norm and head on the last stage), built from the seed so the weights
-equal the whole model's (:mod:`workers.models.gpt`). Per step its pipeline runs its
-slice of the global batch in ``accum_steps`` micro-batches under the 1F1B
-schedule (Narayanan et al., 2021: ``p − s − 1`` warm-up forwards on stage
-``s``, then one forward and one backward alternately, then the remaining
-backwards). Activations go forward and their gradients backward point to
-point, each send paired with the receive it meets in one
-``dist.batch_isend_irecv`` (as Megatron-LM's ``p2p_communication`` does):
-on NCCL a lone send blocks until its receive is posted, so unpaired sends in
-1F1B's steady state deadlock; gloo buffers them, which hides the problem on
-the CPU.
-
-Loss and gradients as in data parallelism (DESIGN.md, Correctness): the last
-stage sums token cross-entropy and divides by ``global_batch · seq_len``.
-Every piece of the model is SUM-all-reduced among the ranks that hold it
-(:func:`workers.runtime.stages.sync_groups`): across pipelines in a hybrid plan, and
-for the tied token embedding between the first stage and the last. Those
-all-reduces, and the loss's on a group of its own, start once the stage's
-last backward is done; all ranks then take the same AdamW step (lockstep).
-
-Time and memory go through the rank's :class:`~workers.devices.device.TorchDevice`
-like every other engine. A paced (simulated) device hands its output on only
-once its paced time is over, as a real GPU's result exists only when its
-kernels end, and starts its collectives before that so they overlap the
-pacing; a real GPU posts the last send first and then the collectives.
+The schedule follows Narayanan et al., 2021; point-to-point transfers are paired
+as in Megatron-LM's ``p2p_communication``; loss and gradients are those of data
+parallelism (DESIGN.md, Correctness).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,7 +24,53 @@ from workers.runtime.engine import Engine, micro_batches
 from workers.runtime.spec import RankSpec, RunSpec
 
 
+@dataclass(kw_only=True, slots=True)
+class _InFlight:
+    """One step's micro-batches on this stage between their forward and backward."""
+
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    """Inputs and targets per micro-batch on the first and last stage; empty elsewhere."""
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    """What backward starts from: the activations sent on, or the scaled loss."""
+    saved_bytes: dict[int, int] = field(default_factory=dict)
+    """Activation bytes each forward saved, released by its backward."""
+    loss_sum: float = 0.0
+    """Summed token cross-entropy of the last stage's micro-batches so far."""
+    syncing: list[Any] = field(default_factory=list)
+    """The all-reduces once started: by the last backward on a paced device."""
+
+
+def _to(tensor: torch.Tensor | None, peer: int | None) -> tuple[torch.Tensor, int] | None:
+    """A transfer of ``tensor`` with ``peer``, or none when either is missing."""
+    return None if tensor is None or peer is None else (tensor, peer)
+
+
 class PipelineEngine(Engine):
+    """One pipeline stage of a rank: its blocks, its place and its groups.
+
+    Owns, beyond :class:`Engine`'s model slice and optimizer: the rank's
+    :class:`~workers.runtime.spec.StageRole` (stage, neighbours, pipeline); one
+    process subgroup per model piece it shares with other ranks
+    (:func:`workers.runtime.stages.sync_groups`: across pipelines in a hybrid plan,
+    and the tied token embedding between the first stage and the last), with the
+    parameters each SUM-all-reduces; the loss's group of its own; and which
+    parameters count in the global gradient norm.
+
+    A step runs the stage's micro-batches under 1F1B: ``p − s − 1`` warm-up
+    forwards on stage ``s``, then one forward and one backward alternately, then
+    the remaining backwards. Each send is paired with the receive it meets in one
+    ``dist.batch_isend_irecv``: on NCCL a lone send blocks until its receive is
+    posted, so unpaired sends in 1F1B's steady state deadlock (gloo buffers them,
+    which hides the problem on the CPU). The last stage sums token cross-entropy
+    and scales it by ``1 / (global_batch · seq_len)``. The all-reduces start once
+    the stage's last backward is done; all ranks then take the same AdamW step.
+    A paced (simulated) device hands its output on only once its paced time is
+    over, as a real GPU's result exists only when its kernels end, and starts its
+    collectives before that so they overlap the pacing; a real GPU posts the last
+    send first and then the collectives.
+    """
+
     def __init__(self, run: RunSpec, rank: RankSpec, device: TorchDevice) -> None:
         super().__init__(run, rank, device)
         assert rank.stage is not None
@@ -124,102 +148,21 @@ class PipelineEngine(Engine):
     # --- the step ----------------------------------------------------------------
 
     def step(self, step: int) -> RankStep:
-        role, model, device = self.role, self.model, self.device
+        role, device = self.role, self.device
         begin = time.perf_counter()
-        model.train()
+        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        m = len(self.sizes)
-        pairs = (
-            micro_batches(*self.batch(step), self.sizes) if role.is_first or role.is_last else []
-        )
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        saved: dict[int, int] = {}
-        syncing: list[Any] = []
-        loss_part = [0.0]
+        loads = role.is_first or role.is_last
+        flight = _InFlight(pairs=micro_batches(*self.batch(step), self.sizes) if loads else [])
         device.start_step()
-
-        def first_input(i: int) -> torch.Tensor:
-            return pairs[i][0]
-
-        def forward(i: int, inp: torch.Tensor) -> torch.Tensor | None:
-            """Compute micro-batch ``i``; returns what goes to the next stage."""
-            size = self.sizes[i]
-
-            def run() -> torch.Tensor:
-                with device.autocast():
-                    out = model(inp)
-                    if role.is_last:
-                        loss = lm_loss_sum(out, pairs[i][1])
-                        loss_part[0] += float(loss.detach())
-                        out = loss * self.loss_scale
-                return out
-
-            out, saved[i] = device.forward(run, model=model, micro_batch=size)
-            inputs[i], outputs[i] = inp, out
-            return None if role.is_last else out.detach().contiguous()
-
-        def backward(i: int, grad: torch.Tensor | None) -> torch.Tensor | None:
-            """Backward of micro-batch ``i``; returns the gradient for the previous stage."""
-            out, inp = outputs.pop(i), inputs.pop(i)
-            last = i == m - 1
-            # A paced device overlaps its collectives with its pacing; a GPU starts them
-            # after its last send (below), so no collective waits ahead of that send.
-            overlap = last and self.paced
-            device.backward(
-                lambda: out.backward(None if grad is None else grad.to(out.dtype)),
-                micro_batch=self.sizes[i],
-                saved_bytes=saved.pop(i),
-                after=(lambda: syncing.extend(self._start_sync(loss_part[0]))) if overlap else None,
-            )
-            if role.is_first:
-                return None
-            assert inp.grad is not None
-            return inp.grad.contiguous()
-
-        prev, nxt = role.prev_rank, role.next_rank
-        warmup = min(role.num_stages - role.stage - 1, m)
-        steady = m - warmup
-        for i in range(warmup):
-            inp = first_input(i) if prev is None else self._recv(i, prev)
-            out = forward(i, inp)
-            self._exchange((out, nxt) if out is not None and nxt is not None else None, None)
-        if steady > 0:
-            inp = first_input(warmup) if prev is None else self._recv(warmup, prev)
-        for k in range(steady):
-            out = forward(warmup + k, inp)
-            grad = None if nxt is None else self._activation(k)
-            self._exchange(
-                (out, nxt) if out is not None and nxt is not None else None,
-                (grad, nxt) if grad is not None and nxt is not None else None,
-            )
-            in_grad = backward(k, grad)
-            more = k < steady - 1
-            recv = None
-            if more:
-                if prev is None:
-                    inp = first_input(warmup + k + 1)
-                else:
-                    inp = self._activation(warmup + k + 1)
-                    recv = (inp, prev)
-            self._exchange(
-                (in_grad, prev) if in_grad is not None and prev is not None else None, recv
-            )
-            if recv is not None:
-                inp.requires_grad_(True)
-        for i in range(steady, m):
-            grad = None
-            if nxt is not None:
-                grad = self._activation(i)
-                self._exchange(None, (grad, nxt))
-            in_grad = backward(i, grad)
-            self._exchange(
-                (in_grad, prev) if in_grad is not None and prev is not None else None, None
-            )
-        if not syncing:
-            syncing.extend(self._start_sync(loss_part[0]))
+        warmup = min(role.num_stages - role.stage - 1, len(self.sizes))
+        self._warmup(flight, warmup)
+        self._steady(flight, warmup)
+        self._cooldown(flight, warmup)
+        if not flight.syncing:
+            flight.syncing.extend(self._start_sync(flight.loss_sum))
         usage = device.finish_step()
-        loss = self._finish_sync(syncing)
+        loss = self._finish_sync(flight.syncing)
         self.update(step)
         device.synchronize()
         self.step_done = step
@@ -230,6 +173,98 @@ class PipelineEngine(Engine):
             wait_s=max(wall - usage.busy_s, 0.0),
             peak_bytes=usage.peak_bytes,
         )
+
+    # --- the three phases of 1F1B ---------------------------------------------------
+
+    def _warmup(self, flight: _InFlight, warmup: int) -> None:
+        """The first ``warmup`` forwards, each output sent on alone."""
+        for i in range(warmup):
+            out = self._forward(flight, i, self._first_input(flight, i))
+            self._exchange(_to(out, self.role.next_rank), None)
+
+    def _steady(self, flight: _InFlight, warmup: int) -> None:
+        """One forward and one backward alternately: a forward's output goes out with
+        the receive of the oldest micro-batch's gradient, that backward's input
+        gradient with the receive of the next input."""
+        prev, nxt = self.role.prev_rank, self.role.next_rank
+        steady = len(self.sizes) - warmup
+        if steady <= 0:
+            return
+        inp = self._first_input(flight, warmup)
+        for k in range(steady):
+            out = self._forward(flight, warmup + k, inp)
+            grad = None if nxt is None else self._activation(k)
+            self._exchange(_to(out, nxt), _to(grad, nxt))
+            in_grad = self._backward(flight, k, grad)
+            recv = None
+            if k < steady - 1:
+                if prev is None:
+                    inp = flight.pairs[warmup + k + 1][0]
+                else:
+                    inp = self._activation(warmup + k + 1)
+                    recv = (inp, prev)
+            self._exchange(_to(in_grad, prev), recv)
+            if recv is not None:
+                inp.requires_grad_(True)
+
+    def _cooldown(self, flight: _InFlight, warmup: int) -> None:
+        """The backwards of the last ``warmup`` micro-batches."""
+        prev, nxt = self.role.prev_rank, self.role.next_rank
+        m = len(self.sizes)
+        for i in range(m - warmup, m):
+            grad = None
+            if nxt is not None:
+                grad = self._activation(i)
+                self._exchange(None, (grad, nxt))
+            in_grad = self._backward(flight, i, grad)
+            self._exchange(_to(in_grad, prev), None)
+
+    # --- one micro-batch ------------------------------------------------------------
+
+    def _first_input(self, flight: _InFlight, i: int) -> torch.Tensor:
+        """Micro-batch ``i``'s input: its tokens on stage 0, else received."""
+        prev = self.role.prev_rank
+        return flight.pairs[i][0] if prev is None else self._recv(i, prev)
+
+    def _forward(self, flight: _InFlight, i: int, inp: torch.Tensor) -> torch.Tensor | None:
+        """Compute micro-batch ``i``; returns what goes to the next stage."""
+        role, model, device = self.role, self.model, self.device
+
+        def run() -> torch.Tensor:
+            with device.autocast():
+                out = model(inp)
+                if role.is_last:
+                    loss = lm_loss_sum(out, flight.pairs[i][1])
+                    flight.loss_sum += float(loss.detach())
+                    out = loss * self.loss_scale
+            return out
+
+        out, flight.saved_bytes[i] = device.forward(run, model=model, micro_batch=self.sizes[i])
+        flight.inputs[i], flight.outputs[i] = inp, out
+        return None if role.is_last else out.detach().contiguous()
+
+    def _backward(
+        self, flight: _InFlight, i: int, grad: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Backward of micro-batch ``i``; returns the gradient for the previous stage."""
+        out, inp = flight.outputs.pop(i), flight.inputs.pop(i)
+        # A paced device overlaps its collectives with its pacing; a GPU starts them
+        # after its last send (in step), so no collective waits ahead of that send.
+        overlap = i == len(self.sizes) - 1 and self.paced
+        self.device.backward(
+            lambda: out.backward(None if grad is None else grad.to(out.dtype)),
+            micro_batch=self.sizes[i],
+            saved_bytes=flight.saved_bytes.pop(i),
+            after=(
+                (lambda: flight.syncing.extend(self._start_sync(flight.loss_sum)))
+                if overlap
+                else None
+            ),
+        )
+        if self.role.is_first:
+            return None
+        assert inp.grad is not None
+        return inp.grad.contiguous()
 
     def close(self) -> None:
         """Destroy this run's subgroups: the default group may serve the next run."""

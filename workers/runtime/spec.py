@@ -1,19 +1,8 @@
 """What a run tells its workers: one run spec, one rank spec per device, one builder.
 
-Every strategy is described by the same two frozen records, which cross Ray
-as they are:
-
-- :class:`RunSpec`, what all ranks share: the model, seed, global batch,
-  optimizer, data and precision;
-- :class:`RankSpec`, one device's part: its rank, its contiguous slice
-  ``[offset, offset + samples)`` of every global batch in ``accum_steps``
-  micro-batches, its pacing (simulated devices), and for pipeline plans its
-  :class:`StageRole` (layer range, neighbours, the pieces it syncs). A rank
-  without a stage role holds the whole model (data parallelism).
-
-:func:`make_ranks` turns any plan (``dp``, ``even``, ``proportional``,
-``pp``, ``hybrid``) into rank specs. A later strategy that shards model
-states (``fsdp``) adds its own role beside :class:`StageRole`.
+Every strategy is described by the same two frozen records, which cross Ray as
+they are: :class:`RunSpec` and :class:`RankSpec`; :func:`make_ranks` turns any
+plan (``dp``, ``even``, ``proportional``, ``pp``, ``hybrid``) into rank specs.
 """
 
 from __future__ import annotations
@@ -34,7 +23,8 @@ DTYPES = ("float32", "float64")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSpec:
-    """What every rank of one run shares."""
+    """What every rank of one run shares: the model, seed, global batch, optimizer,
+    data and precision."""
 
     preset: ModelPreset
     seed: int
@@ -75,7 +65,11 @@ class StageRole:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankSpec:
-    """One device's part of a run."""
+    """One device's part of a run: its rank, its contiguous slice ``[offset, offset +
+    samples)`` of every global batch in ``accum_steps`` micro-batches, its pacing
+    (simulated devices), and for pipeline plans its :class:`StageRole` (layer range,
+    neighbours, the pieces it syncs). A rank without a stage role holds the whole
+    model (data parallelism)."""
 
     device_id: str
     rank: int
