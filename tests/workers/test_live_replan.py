@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.planning.planner import make_plan
-from tests.workers.conftest import TINY, make_cluster
+from tests.support import TINY, make_cluster
 from workers.session import LiveReplanning, WorkerPool, profile_cluster, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
