@@ -152,6 +152,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+def serve_command(data_dir: Path, *args: str) -> list[str]:
+    """The command line of ``hetsched serve`` on ``data_dir``, as a user types it."""
+    return [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir), *args]
+
+
 class Serve:
     """One ``hetsched serve`` subprocess on a free port of 127.0.0.1, its output in ``log``.
 
@@ -164,10 +169,9 @@ class Serve:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir / "serve.log"
-        command = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir)]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [*command, "--port", str(self.port), *args],
+                serve_command(data_dir, "--port", str(self.port), *args),
                 cwd=REPO,
                 env=dict(env) if env is not None else clean_env(),
                 stdout=log,
