@@ -85,24 +85,18 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
     mid-run; a restart keeps every record and resumes the job that was still running from
     its checkpoint."""
     with live() as client:
-        a = client.post(
-            JOBS,
-            json={
-                "name": "a",
-                "global_batch": 8,
-                "steps": 500,
-                "devices": ["node-a/0", "node-a/1"],
-            },
-        ).json()
-        b = client.post(
-            JOBS,
-            json={
-                "name": "b",
-                "global_batch": 8,
-                "steps": 500,
-                "devices": ["node-b/0", "node-b/1"],
-            },
-        ).json()
+        a, b = (
+            client.post(
+                JOBS,
+                json={
+                    "name": name,
+                    "global_batch": 8,
+                    "steps": 500,
+                    "devices": [f"{node}/0", f"{node}/1"],
+                },
+            ).json()
+            for name, node in (("a", "node-a"), ("b", "node-b"))
+        )
         c = client.post(JOBS, json={"name": "c", "global_batch": 8, "steps": 1}).json()
         wait_for(client, a["id"], lambda j: j["steps_done"] >= 1)
         wait_for(client, b["id"], lambda j: j["steps_done"] >= 1)
