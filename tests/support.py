@@ -203,11 +203,12 @@ class Serve:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10)
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout_s: float = SERVE_EXIT_S) -> int:
-        """Signal it and wait for it to exit (SIGTERM runs the lifespan shutdown: executor,
-        Ray); past ``timeout_s``, kill its process group. Its exit status."""
+    def stop(self, *, timeout_s: float = SERVE_EXIT_S) -> int:
+        """SIGTERM, as systemd or a container runtime stops it (the lifespan shutdown ends
+        the executor and Ray), and wait; past ``timeout_s``, kill its process group.
+        Its exit status."""
         if self.process.poll() is None:
-            self.process.send_signal(sig)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -60,8 +60,8 @@ def _assert_all_gone(processes: set[tuple[int, float]]) -> None:
 def _start(data_dir: Path, cache_dir: Path) -> tuple[Serve, set[tuple[int, float]]]:
     """``hetsched serve`` on the data directory, up, and the Ray processes it started.
 
-    The session's profile cache: the embedded cluster on 2 CPUs is measured once (the
-    service's other tests measure it too), so the job here trains at once."""
+    With the session's profile cache and 2 CPUs, as test_job_lifecycle's apps run the same
+    embedded cluster: in a full run its profile is measured there once, not here twice."""
     service = Serve(data_dir, "--num-cpus", "2", env=clean_env(HETSCHED_CACHE_DIR=str(cache_dir)))
     service.wait_up()
     ray_processes = _tree(service.process.pid)
