@@ -1,7 +1,7 @@
 """Fixtures of the API tests: an app per test over a temporary database.
 
 ``offline`` apps neither start Ray nor run the executor (fast, for input
-handling); the lifecycle module starts one local Ray for all of its apps.
+handling); ``live`` apps run the executor on one local Ray per module.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.core.settings import Settings
+from api.core.settings import DEFAULT_CLUSTER, Settings
+from scheduler.hardware.cluster import load_cluster
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -54,5 +55,31 @@ def app_client(tmp_path: Path) -> Callable[..., TestClient]:
     def build(**overrides: Any) -> TestClient:
         settings = make_settings(tmp_path, **{"start_ray": False, "executor": False, **overrides})
         return TestClient(create_app(settings))
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for a module's live apps, with the bundled local-sim cluster's devices
+    (2 CPUs); shut down after the module."""
+    import ray
+
+    from workers.session import start_local_ray
+
+    start_local_ray(load_cluster(DEFAULT_CLUSTER), num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def live(local_ray: None, cache_dir: Path, tmp_path: Path) -> Callable[..., TestClient]:
+    """Build a client over an app whose executor runs on the module's local Ray, with the
+    session's profile cache and the ``fifo`` policy unless ``policy=`` says otherwise;
+    the caller enters it with ``with`` (and may build a second over the same database)."""
+
+    def build(**overrides: Any) -> TestClient:
+        values = {"cache_dir": cache_dir, "policy": "fifo", **overrides}
+        return TestClient(create_app(make_settings(tmp_path, **values)))
 
     return build

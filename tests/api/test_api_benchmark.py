@@ -12,20 +12,16 @@ Measures (printed, and bounded loosely so a loaded machine does not fail them):
 from __future__ import annotations
 
 import http.client
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from tests.support import serving
 
 pytestmark = pytest.mark.benchmark
 
@@ -33,51 +29,10 @@ NUM_CLIENTS = 50
 POLL_S = 10.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data_dir = tmp_path_factory.mktemp("serve")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "api.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).json()["cluster"] == "available":
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "serve exited"
-        assert time.monotonic() < deadline, "hetsched serve did not come up"
-        time.sleep(0.5)
-    yield url
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with serving(tmp_path_factory.mktemp("serve")) as service:
+        yield service.url
 
 
 def _first_step_s(url: str, steps: int) -> tuple[str, float]:

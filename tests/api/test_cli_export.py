@@ -17,7 +17,7 @@ from api.store import JobStore
 from scheduler.models.hf_config import hf_config_from_preset
 from scheduler.models.presets import get_preset, preset_to_dict
 from tests.api.conftest import make_settings
-from tests.workers.conftest import make_cluster, manual_plan
+from tests.support import make_cluster, manual_plan
 from workers.models.families import build_model
 
 transformers = pytest.importorskip("transformers")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,12 +14,7 @@ import uvicorn
 from api.app import create_app
 from api.cli import main
 from api.core.settings import Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support import free_port
 
 
 @pytest.fixture
@@ -29,7 +23,7 @@ def server(
 ) -> Iterator[str]:
     """An offline control plane (no Ray, no executor) requiring a token."""
     settings = settings_factory(tmp_path, start_ray=False, executor=False, api_token="tok")
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
     )
@@ -103,7 +97,7 @@ def test_errors_are_one_line_with_exit_2(
 
 
 def test_connection_refused_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     assert main(["jobs", "--url", url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

@@ -1,7 +1,8 @@
 """Jobs really run: submit -> RUNNING -> SUCCEEDED on the local simulated cluster.
 
-One local Ray for the module (the bundled local-sim cluster, 2 CPUs) and one
-profile cache, so gpt-tiny is measured once; every test has its own database.
+One local Ray for the module (the bundled local-sim cluster, 2 CPUs) and the
+session's profile cache, so gpt-tiny is measured once; every test has its own
+database (``live`` in conftest.py).
 The apps run the ``fifo`` policy: these tests pin first-come-first-served
 behaviour (a job naming no devices takes the whole cluster); the other
 policies are tested in test_schedule.py.
@@ -13,62 +14,14 @@ import io
 import json
 import math
 import tarfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.core.settings import DEFAULT_CLUSTER, Settings
-from scheduler.hardware.cluster import load_cluster
 from scheduler.models.presets import get_preset
-
-JOBS = "/api/v1/jobs"
-TERMINAL = {"STOPPED", "SUCCEEDED", "FAILED"}
-TIMEOUT_S = 240
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    import ray
-
-    from workers.session import start_local_ray
-
-    start_local_ray(load_cluster(DEFAULT_CLUSTER), num_cpus=2)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def live(
-    local_ray: None, cache_dir: Path, tmp_path: Path, settings_factory: Callable[..., Settings]
-) -> Callable[..., TestClient]:
-    """A client over an app with the executor running on the shared local Ray."""
-
-    def build(**overrides: Any) -> TestClient:
-        values = {"cache_dir": cache_dir, "policy": "fifo", **overrides}
-        return TestClient(create_app(settings_factory(tmp_path, **values)))
-
-    return build
-
-
-def wait_for(
-    client: TestClient,
-    job_id: str,
-    done: Callable[[dict[str, Any]], bool],
-    timeout_s: float = TIMEOUT_S,
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = client.get(f"{JOBS}/{job_id}").json()
-        if done(job):
-            return job
-        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job['message']}"
-        time.sleep(0.1)
+from tests.support import JOBS, TERMINAL, wait_for
 
 
 def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> None:
@@ -132,24 +85,18 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
     mid-run; a restart keeps every record and resumes the job that was still running from
     its checkpoint."""
     with live() as client:
-        a = client.post(
-            JOBS,
-            json={
-                "name": "a",
-                "global_batch": 8,
-                "steps": 500,
-                "devices": ["node-a/0", "node-a/1"],
-            },
-        ).json()
-        b = client.post(
-            JOBS,
-            json={
-                "name": "b",
-                "global_batch": 8,
-                "steps": 500,
-                "devices": ["node-b/0", "node-b/1"],
-            },
-        ).json()
+        a, b = (
+            client.post(
+                JOBS,
+                json={
+                    "name": name,
+                    "global_batch": 8,
+                    "steps": 500,
+                    "devices": [f"{node}/0", f"{node}/1"],
+                },
+            ).json()
+            for name, node in (("a", "node-a"), ("b", "node-b"))
+        )
         c = client.post(JOBS, json={"name": "c", "global_batch": 8, "steps": 1}).json()
         started = wait_for(client, a["id"], lambda j: j["steps_done"] >= 1)
         assert [(e["policy"], e["devices"]) for e in started["allocations"]] == [
@@ -257,6 +204,8 @@ def test_a_job_starts_from_a_hugging_face_directory(
     live: Callable[[], TestClient], tmp_path: Path
 ) -> None:
     """init_from hf:DIR: the first step's loss is the released weights' loss on that batch."""
+    import torch
+
     from workers.data.dataset import ByteDataset
     from workers.models.families import build_model
     from workers.models.gpt import lm_loss_sum

@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,20 +25,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from api.core.local_ray import terminate
+from tests.support import Serve, free_port, serve_command
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _base_env(root: Path) -> dict[str, str]:
@@ -58,7 +51,7 @@ def ray_head() -> Iterator[dict[str, str]]:
     token and an environment without the token."""
     root = Path(tempfile.mkdtemp(prefix="hrt", dir="/tmp"))  # short: Ray's socket paths
     (root / "home").mkdir()
-    token, port = secrets.token_hex(16), _free_port()
+    token, port = secrets.token_hex(16), free_port()
     env = _base_env(root) | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     ray_cli = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen(
@@ -87,9 +80,8 @@ def ray_head() -> Iterator[dict[str, str]]:
 
 
 def _serve(ray_head: dict[str, str], tmp_path: Path, env: dict[str, str], *extra: str):
-    command = [sys.executable, "-m", "api.cli", "serve", "--ray-address", ray_head["address"]]
-    command += ["--data-dir", str(tmp_path / "data"), "--port", str(_free_port()), *extra]
-    return command, _base_env(Path(ray_head["root"])) | env
+    command = serve_command(tmp_path / "data", "--ray-address", ray_head["address"], *extra)
+    return [*command, "--port", str(free_port())], _base_env(Path(ray_head["root"])) | env
 
 
 def _spec(tmp_path: Path, ray_node: str) -> str:
@@ -123,41 +115,24 @@ def test_a_wrong_token_is_named_as_refused(ray_head, tmp_path) -> None:
 
 
 def test_a_spec_naming_a_missing_ray_node_is_one_line(ray_head, tmp_path) -> None:
-    command, env = _serve(
-        ray_head, tmp_path, {"RAY_AUTH_TOKEN": ray_head["token"]}, "--cluster", ""
-    )
-    command[-1] = _spec(tmp_path, "node-z")
-    line = _refused(command, env)
+    token = {"RAY_AUTH_TOKEN": ray_head["token"]}
+    line = _refused(*_serve(ray_head, tmp_path, token, "--cluster", _spec(tmp_path, "node-z")))
     assert "cluster: no live Ray node for lab (ray_node 'node-z')" in line
     assert "resources node-a" in line, "the live nodes are listed, with their custom resources"
 
 
 def test_with_the_token_the_spec_runs_on_the_ray_node_it_names(ray_head, tmp_path) -> None:
-    command, env = _serve(
-        ray_head, tmp_path, {"RAY_AUTH_TOKEN": ray_head["token"]}, "--cluster", ""
-    )
-    command[-1] = _spec(tmp_path, "node-a")
-    port = command[command.index("--port") + 1]
-    log = (tmp_path / "serve.log").open("wb")
-    service = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env = _base_env(Path(ray_head["root"])) | {"RAY_AUTH_TOKEN": ray_head["token"]}
+    args = ["--ray-address", ray_head["address"], "--cluster", _spec(tmp_path, "node-a")]
+    service = Serve(tmp_path / "data", *args, env=env)
     try:
-        deadline, cluster = time.monotonic() + STARTUP_S, None
-        while time.monotonic() < deadline and service.poll() is None:
-            try:
-                cluster = httpx.get(f"http://127.0.0.1:{port}/api/v1/cluster", timeout=5).json()
-                break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        said = (tmp_path / "serve.log").read_text(errors="replace")
-        assert cluster is not None, f"serve did not come up:\n{said[-2000:]}"
+        service.wait_up(timeout_s=STARTUP_S)
+        with service.client() as api:
+            cluster = api.get("/api/v1/cluster").json()
         assert cluster["available"] and cluster["simulated"], cluster["message"]
         assert cluster["ray_address"] == ray_head["address"]
         devices = [d for n in cluster["nodes"] for d in n["devices"]]
         assert [(d["id"], d["status"]) for d in devices] == [("lab/0", "idle"), ("lab/1", "idle")]
-        assert "InvalidAuthToken" not in said
+        assert "InvalidAuthToken" not in service.log.read_text(errors="replace")
     finally:
-        service.send_signal(signal.SIGTERM)
-        try:
-            service.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            service.kill()
+        service.stop()

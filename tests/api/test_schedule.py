@@ -1,45 +1,25 @@
 """Many jobs on one cluster: the policy's allocation, moves, ``/schedule``, job fields.
 
-The live tests share test_job_lifecycle.py's local Ray and profile cache
-fixtures (the bundled four-GPU local-sim cluster); each app has its own
-database and policy.
+The live tests run apps over the module's local Ray (the bundled four-GPU
+local-sim cluster) and the session's profile cache (``live`` in conftest.py);
+each app has its own database and policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.cli import build_parser
 from api.commands.serve import settings_from_args
-from api.core.settings import Settings
 from scheduler.errors import HetschedError
-from tests.api import test_job_lifecycle as lifecycle
-from tests.api.test_job_lifecycle import JOBS, TERMINAL, wait_for
-
-# The lifecycle module's local Ray, one per module (the profile cache is the session's).
-local_ray = lifecycle.local_ray
+from tests.support import JOBS, TERMINAL, wait_for
 
 SCHEDULE = "/api/v1/schedule"
 TINY = {"model": "gpt-tiny", "global_batch": 8, "strategy": "dp"}
-
-
-@pytest.fixture
-def serve(
-    local_ray: None, cache_dir: Path, tmp_path: Path, settings_factory: Callable[..., Settings]
-) -> Callable[..., TestClient]:
-    """A client over an app running ``policy`` on the shared local Ray."""
-
-    def build(policy: str, **overrides: Any) -> TestClient:
-        values = {"cache_dir": cache_dir, "policy": policy, **overrides}
-        return TestClient(create_app(settings_factory(tmp_path, **values)))
-
-    return build
 
 
 @pytest.mark.parametrize(
@@ -83,11 +63,11 @@ def test_job_fields_are_kept_and_the_schedule_names_the_policy(offline: TestClie
 
 
 def test_three_jobs_run_side_by_side_on_devices_the_policy_chose(
-    serve: Callable[..., TestClient],
+    live: Callable[..., TestClient],
 ) -> None:
     """Three jobs submitted at once under goodput start together on disjoint devices,
     /schedule says who holds what and why, and all of them finish."""
-    with serve("goodput") as client:
+    with live(policy="goodput") as client:
         ids = [
             client.post(JOBS, json={**TINY, "name": f"j{i}", "steps": 8, "seed": i}).json()["id"]
             for i in range(3)
@@ -122,13 +102,13 @@ def test_three_jobs_run_side_by_side_on_devices_the_policy_chose(
 
 
 def test_a_running_job_is_moved_through_its_checkpoint(
-    serve: Callable[..., TestClient],
+    live: Callable[..., TestClient],
 ) -> None:
     """A job runs alone; a second job comes with a high priority and, when the first holds
     several devices, needs one more than is free: the policy moves the first at a step
     boundary (off the fastest device, or onto fewer). It checkpoints, hands devices over
     and goes on from that checkpoint on its new devices, one metrics row per step."""
-    with serve("goodput", reallocation_s=0) as client:
+    with live(policy="goodput", reallocation_s=0) as client:
         big = client.post(JOBS, json={**TINY, "name": "big", "steps": 400}).json()
         alone = wait_for(client, big["id"], lambda j: j["steps_done"] >= 2)
         first = alone["allocations"][0]["devices"]

@@ -13,59 +13,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import httpx
 import psutil
-import pytest
 
 from api.core.local_ray import LocalRaySession, RayProcess
+from tests.support import JOBS, SERVE_EXIT_S, Serve, clean_env, wait_for
 
-STARTUP_S = 180.0
-EXIT_S = 60.0
-JOB_S = 300.0
-STEPS = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _serve(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
-    command = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir)]
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = (data_dir / "serve.log").open("ab")  # what it said, for a failure's message
-    return subprocess.Popen(
-        [*command, "--port", str(port), "--num-cpus", "1"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _wait_up(service: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if service.poll() is not None:
-            log = Path(service.args[service.args.index("--data-dir") + 1]) / "serve.log"  # type: ignore[index,union-attr,arg-type]
-            said = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-            pytest.fail(f"hetsched serve exited with {service.returncode}:\n{said}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"hetsched serve did not answer /healthz within {STARTUP_S:.0f} s")
+STEPS = 12
 
 
 def _tree(pid: int) -> set[tuple[int, float]]:
@@ -92,77 +51,54 @@ def _alive(processes: set[tuple[int, float]]) -> list[str]:
 
 
 def _assert_all_gone(processes: set[tuple[int, float]]) -> None:
-    deadline = time.monotonic() + EXIT_S
+    deadline = time.monotonic() + SERVE_EXIT_S
     while _alive(processes) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _alive(processes) == [], "Ray processes left behind"
 
 
-def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], set[tuple[int, float]], int]:
-    port = _free_port()
-    service = _serve(data_dir, port)
-    _wait_up(service, port)
-    ray_processes = _tree(service.pid)
+def _start(data_dir: Path, cache_dir: Path) -> tuple[Serve, set[tuple[int, float]]]:
+    """``hetsched serve`` on the data directory, up, and the Ray processes it started.
+
+    With the session's profile cache and 2 CPUs, as test_job_lifecycle's apps run the same
+    embedded cluster: in a full run its profile is measured there once, not here twice."""
+    service = Serve(data_dir, "--num-cpus", "2", env=clean_env(HETSCHED_CACHE_DIR=str(cache_dir)))
+    service.wait_up()
+    ray_processes = _tree(service.process.pid)
     names = {psutil.Process(pid).name() for pid, _ in ray_processes}
     assert any("raylet" in n for n in names), f"no raylet among {sorted(names)}"
-    return service, ray_processes, port
+    return service, ray_processes
 
 
-def _wait_job(port: int, job_id: str, done: Callable[[dict], bool], what: str) -> dict:
-    deadline = time.monotonic() + JOB_S
-    while time.monotonic() < deadline:
-        job = httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs/{job_id}", timeout=10).json()
-        if done(job):
-            return job
-        if job["state"] in ("FAILED", "STOPPED"):
-            pytest.fail(f"job ended {job['state']}: {job['message']}")
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}: {job}")
-
-
-def _sigterm(service: subprocess.Popen[bytes]) -> None:
-    service.send_signal(signal.SIGTERM)
-    service.wait(EXIT_S)
-
-
-def test_sigterm_leaves_no_ray_process(tmp_path: Path) -> None:
-    service, ray_processes, _ = _start(tmp_path)
-    try:
-        _sigterm(service)
-        assert service.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
-        _assert_all_gone(ray_processes)
-    finally:
-        service.kill()
-
-
-def test_kill_9_mid_job_then_restart_finishes_the_job_and_ends_the_predecessors_ray(
-    tmp_path: Path,
+def test_kill_9_mid_job_then_restart_finishes_the_job_and_sigterm_leaves_no_ray_process(
+    tmp_path: Path, cache_dir: Path
 ) -> None:
     """SIGKILL of the service while a job trains: no cleanup runs. The next start ends
     the dead service's Ray processes, resumes the job from its last checkpoint, and the
-    job finishes with exactly one metrics row per step."""
-    first, first_ray, port = _start(tmp_path)
-    api = f"http://127.0.0.1:{port}/api/v1/jobs"
-    job = httpx.post(
-        api, json={"name": "k9", "global_batch": 8, "steps": STEPS, "checkpoint_every": 3}
-    ).json()
-    _wait_job(port, job["id"], lambda j: j["steps_done"] >= 5, "5 steps before the kill")
-    first.kill()
-    first.wait(EXIT_S)
-    second, second_ray, port = _start(tmp_path)
-    api = f"http://127.0.0.1:{port}/api/v1/jobs"
+    job finishes with exactly one metrics row per step. SIGTERM, as systemd or a container
+    runtime stops it, then exits cleanly and leaves none of that service's Ray processes."""
+    first, first_ray = _start(tmp_path, cache_dir)
+    try:
+        with first.client() as api:
+            spec = {"name": "k9", "global_batch": 8, "steps": STEPS, "checkpoint_every": 3}
+            job = api.post(JOBS, json=spec).json()
+            wait_for(api, job["id"], lambda j: j["steps_done"] >= 5)
+    finally:
+        first.process.kill()
+        first.process.wait(SERVE_EXIT_S)
+    second, second_ray = _start(tmp_path, cache_dir)
     try:
         _assert_all_gone(first_ray)
-        done = _wait_job(port, job["id"], lambda j: j["state"] != "RUNNING", "the job's end")
-        assert done["state"] == "SUCCEEDED", done["message"]
-        (restart,) = [e for e in done["events"] if e["kind"] == "restart"]
-        assert 3 <= restart["step"] < STEPS
-        metrics = httpx.get(f"{api}/{job['id']}/metrics").json()["data"]
+        with second.client() as api:
+            done = wait_for(api, job["id"], lambda j: j["state"] == "SUCCEEDED")
+            (restart,) = [e for e in done["events"] if e["kind"] == "restart"]
+            assert 3 <= restart["step"] < STEPS
+            metrics = api.get(f"{JOBS}/{job['id']}/metrics").json()["data"]
         assert [m["step"] for m in metrics] == list(range(STEPS)), "one row a step"
-        _sigterm(second)
+        assert second.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
         _assert_all_gone(second_ray)
     finally:
-        second.kill()
+        second.process.kill()
 
 
 def test_a_live_services_ray_is_never_reaped(tmp_path: Path) -> None:

@@ -27,12 +27,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from tests.api import test_job_lifecycle as lifecycle
-from tests.api.conftest import make_settings
-from tests.api.test_job_lifecycle import JOBS, TERMINAL, wait_for
+from tests.api.conftest import local_ray, make_settings
+from tests.support import JOBS, TERMINAL, wait_for
 
-# The lifecycle module's local Ray, one per module (the profile cache is the session's).
-local_ray = lifecycle.local_ray
+__all__ = ["local_ray"]  # the API tests' fixture: one local Ray of the local-sim cluster
 
 pytestmark = pytest.mark.benchmark
 

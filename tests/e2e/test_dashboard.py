@@ -16,11 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,9 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import serving
+
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = Path(os.environ.get("HETSCHED_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -47,75 +43,16 @@ GLOBAL_BATCH = 16
 # paces every device to its GPU, so leaving out the slowest (T4) halves it, and
 # fewer actors start faster on a small machine.
 DEVICES = ("node-a/0", "node-b/0")
-# About 60 s end to end on an idle 2-core machine; the limits leave room for a
-# machine shared with other work, and a broken dashboard fails long before them.
-SERVER_START_S = 120.0
+# About 60 s end to end on an idle 2-core machine; the limit leaves room for a
+# machine shared with other work, and a broken dashboard fails long before it.
 JOB_DONE_MS = 180_000
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``hetsched serve`` in a subprocess; yields its base URL once the cluster is up."""
-    data_dir = tmp_path_factory.mktemp("hetsched-data")
-    log_path = data_dir / "serve.log"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
-    command = [
-        sys.executable,
-        "-m",
-        "api.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        "--num-cpus",
-        "2",
-    ]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"hetsched serve exited with {process.returncode}:\n{_tail(log_path)}")
-            try:
-                health = httpx.get(f"{url}/healthz", timeout=2).json()
-                if health["cluster"] == "available":
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"hetsched serve not ready in {SERVER_START_S:.0f} s:\n{_tail(log_path)}"
-                )
-            time.sleep(0.5)
-        yield url
-    finally:
-        # SIGINT lets uvicorn run the lifespan shutdown (executor, Ray) before exiting.
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+    with serving(tmp_path_factory.mktemp("hetsched-data"), "--num-cpus", "2") as service:
+        yield service.url
 
 
 @pytest.fixture(scope="module")

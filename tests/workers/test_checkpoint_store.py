@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.workers.conftest import TINY
+from tests.support import TINY
 from workers.checkpoint import CheckpointStore, load_part, part_tensors, write_part
 from workers.errors import WorkerError
 from workers.models.gpt import GPT

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from scheduler.hardware.capacity import gpu_budget_bytes
-from tests.workers.conftest import TINY
+from tests.support import TINY
 from workers.data.dataset import ByteDataset
 from workers.devices.device import CudaDevice
 from workers.errors import DeviceOutOfMemory

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tests.workers.conftest import TINY
+from tests.support import TINY
 from workers.data.dataset import ByteDataset
 from workers.devices.calibration import HostCalibration
 from workers.devices.device import SimulatedDevice, model_state_bytes

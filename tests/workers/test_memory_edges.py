@@ -13,7 +13,7 @@ import pytest
 from scheduler.cost.profile import profile_from_dict
 from scheduler.planning.plan import DevicePlan
 from scheduler.planning.planner import make_plan
-from tests.workers.conftest import TINY
+from tests.support import TINY
 from workers.devices.calibration import HostCalibration
 from workers.devices.pacing import Pacing
 from workers.records import OptimizerConfig

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scheduler.errors import HetschedError
-from tests.workers.conftest import TINY
+from tests.support import TINY
 from workers.data.dataset import DEFAULT_CORPUS, ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 

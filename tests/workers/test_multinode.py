@@ -29,7 +29,7 @@ from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster, with_ray_nodes
 from scheduler.planning.plan import Plan
 from scheduler.planning.planner import make_plan
-from tests.workers.conftest import TINY, manual_plan
+from tests.support import TINY, manual_plan
 from workers.cluster.placement import check_placement, live_nodes
 from workers.session import Checkpointing, CheckpointStore, OptimizerConfig, WorkerPool, train
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scheduler.planning.plan import DevicePlan, Plan
-from tests.workers.conftest import TINY, make_cluster
+from tests.support import TINY, make_cluster, pipeline_stage, plan_of
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.runtime.stages import ordered_stages, sync_groups
@@ -17,41 +17,6 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
 OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH = 3, 3, 12
-
-
-def stage(
-    device_id: str,
-    *,
-    samples: int,
-    offset: int,
-    micro: int,
-    layers: tuple[int, int],
-    stage: int,
-    pipeline: int = 0,
-) -> DevicePlan:
-    return DevicePlan(
-        id=device_id,
-        samples=samples,
-        micro_batch=-(-samples // micro),
-        accum_steps=micro,
-        busy_s=0.0,
-        peak_bytes=0,
-        offset=offset,
-        layers=layers,
-        stage=stage,
-        pipeline=pipeline,
-    )
-
-
-def pipeline_plan(strategy: str, stages: list[DevicePlan]) -> Plan:
-    return Plan(
-        strategy=strategy,
-        global_batch=BATCH,
-        predicted_step_s=0.5,
-        compute_s=0.5,
-        comm_s=0.0,
-        devices=tuple(stages),
-    )
 
 
 def single_device_losses(config: OptimizerConfig = OPT) -> list[float]:
@@ -79,20 +44,22 @@ def single_device_losses(config: OptimizerConfig = OPT) -> list[float]:
     return losses
 
 
-PP = pipeline_plan(
+PP = plan_of(
     "pp",
     [
-        stage("a/0", samples=12, offset=0, micro=4, layers=(0, 1), stage=0),
-        stage("a/1", samples=12, offset=0, micro=4, layers=(1, 3), stage=1),
-        stage("a/2", samples=12, offset=0, micro=4, layers=(3, 4), stage=2),
+        pipeline_stage("a/0", samples=12, num_micro_batches=4, layers=(0, 1), stage=0),
+        pipeline_stage("a/1", samples=12, num_micro_batches=4, layers=(1, 3), stage=1),
+        pipeline_stage("a/2", samples=12, num_micro_batches=4, layers=(3, 4), stage=2),
     ],
 )
-HYBRID = pipeline_plan(
+HYBRID = plan_of(
     "hybrid",
     [  # a two-stage pipeline with 7 samples, a one-stage one with 5
-        stage("a/0", samples=7, offset=0, micro=3, layers=(0, 2), stage=0),
-        stage("a/1", samples=7, offset=0, micro=3, layers=(2, 4), stage=1),
-        stage("a/2", samples=5, offset=7, micro=2, layers=(0, 4), stage=0, pipeline=1),
+        pipeline_stage("a/0", samples=7, num_micro_batches=3, layers=(0, 2), stage=0),
+        pipeline_stage("a/1", samples=7, num_micro_batches=3, layers=(2, 4), stage=1),
+        pipeline_stage(
+            "a/2", samples=5, offset=7, num_micro_batches=2, layers=(0, 4), stage=0, pipeline=1
+        ),
     ],
 )
 
@@ -133,7 +100,7 @@ def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir
 
 
 SCHEDULED = OptimizerConfig(lr=3e-3, warmup_steps=1, decay_steps=STEPS, grad_clip=0.3)
-DP_SPLIT = pipeline_plan(
+DP_SPLIT = plan_of(
     "dp",
     [
         DevicePlan(id="a/0", samples=7, micro_batch=4, accum_steps=2, busy_s=0, peak_bytes=0),
@@ -163,11 +130,11 @@ def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan
 
 
 def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
-    gap = pipeline_plan(
+    gap = plan_of(
         "pp",
         [
-            stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
-            stage("a/1", samples=12, offset=0, micro=2, layers=(2, 4), stage=1),
+            pipeline_stage("a/0", samples=12, num_micro_batches=2, layers=(0, 1), stage=0),
+            pipeline_stage("a/1", samples=12, num_micro_batches=2, layers=(2, 4), stage=1),
         ],
     )
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
@@ -200,11 +167,11 @@ def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
 
 def test_stage_out_of_memory_names_the_device(cache_dir):
     cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
-    crowded = pipeline_plan(
+    crowded = plan_of(
         "pp",
         [  # three blocks and the head do not fit 12.9 MB
-            stage("a/0", samples=12, offset=0, micro=2, layers=(0, 1), stage=0),
-            stage("a/1", samples=12, offset=0, micro=2, layers=(1, 4), stage=1),
+            pipeline_stage("a/0", samples=12, num_micro_batches=2, layers=(0, 1), stage=0),
+            pipeline_stage("a/1", samples=12, num_micro_batches=2, layers=(1, 4), stage=1),
         ],
     )
     with pytest.raises(WorkerError, match=r"a/1: out of memory: micro-batch \d+ needs"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers.conftest import TINY, make_cluster
+from tests.support import TINY, make_cluster
 from workers.devices.calibration import calibrate_host
 from workers.devices.device import model_state_bytes
 from workers.models.gpt import GPT

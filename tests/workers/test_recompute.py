@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.workers.conftest import TINY, make_cluster, manual_plan
+from tests.support import TINY, make_cluster, manual_plan
 from workers.devices.device import model_state_bytes
 from workers.models.gpt import GPT
 from workers.session import OptimizerConfig, train

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.planning.plan import DevicePlan, Plan
-from tests.workers.conftest import TINY, make_cluster, manual_plan
+from tests.support import TINY, make_cluster, manual_plan
 from workers.session import (
     Checkpointing,
     CheckpointStore,

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from tests.workers.conftest import TINY, make_cluster, manual_plan
+from tests.support import TINY, make_cluster, manual_plan
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.session import OptimizerConfig, WorkerError, WorkerPool, train

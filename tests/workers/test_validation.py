@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from scheduler.planning.plan import DevicePlan, Plan
-from tests.workers.conftest import TINY, make_cluster, manual_plan
+from tests.support import TINY, make_cluster, manual_plan, pipeline_stage, plan_of
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.run.driver import Validation, default_validation
@@ -21,52 +20,26 @@ EVERY = 2
 """Evaluated after steps 1 and 2 (the last)."""
 
 
-def stage(
-    device_id: str, *, samples: int, offset: int, micro: int, layers: tuple[int, int], **kw: int
-) -> DevicePlan:
-    return DevicePlan(
-        id=device_id,
-        samples=samples,
-        micro_batch=-(-samples // micro),
-        accum_steps=micro,
-        busy_s=0.0,
-        peak_bytes=0,
-        offset=offset,
-        layers=layers,
-        stage=kw.get("stage", 0),
-        pipeline=kw.get("pipeline", 0),
-    )
-
-
-def pipeline_plan(strategy: str, stages: list[DevicePlan]) -> Plan:
-    return Plan(
-        strategy=strategy,
-        global_batch=BATCH,
-        predicted_step_s=0.5,
-        compute_s=0.5,
-        comm_s=0.0,
-        devices=tuple(stages),
-    )
-
-
 PLANS = {
     "dp": manual_plan([("a/0", 7, 4), ("a/1", 5, 5)]),
     "even": manual_plan([("a/0", 4, 2), ("a/1", 4, 4), ("a/2", 4, 3)], strategy="even"),
     "proportional": manual_plan([("a/0", 9, 3), ("a/1", 0, 1), ("a/2", 3, 3)], strategy="dp"),
-    "pp": pipeline_plan(
+    "pp": plan_of(
         "pp",
         [
-            stage("a/0", samples=12, offset=0, micro=4, layers=(0, 1), stage=0),
-            stage("a/1", samples=12, offset=0, micro=4, layers=(1, 3), stage=1),
-            stage("a/2", samples=12, offset=0, micro=4, layers=(3, 4), stage=2),
+            pipeline_stage("a/0", samples=12, num_micro_batches=4, layers=(0, 1), stage=0),
+            pipeline_stage("a/1", samples=12, num_micro_batches=4, layers=(1, 3), stage=1),
+            pipeline_stage("a/2", samples=12, num_micro_batches=4, layers=(3, 4), stage=2),
         ],
     ),
-    "hybrid": pipeline_plan(
+    "hybrid": plan_of(
         "hybrid",
         [
-            stage("a/0", samples=7, offset=0, micro=3, layers=(0, 2), stage=0),
-            stage("a/1", samples=7, offset=0, micro=3, layers=(2, 4), stage=1),
-            stage("a/2", samples=5, offset=7, micro=2, layers=(0, 4), stage=0, pipeline=1),
+            pipeline_stage("a/0", samples=7, num_micro_batches=3, layers=(0, 2), stage=0),
+            pipeline_stage("a/1", samples=7, num_micro_batches=3, layers=(2, 4), stage=1),
+            pipeline_stage(
+                "a/2", samples=5, offset=7, num_micro_batches=2, layers=(0, 4), stage=0, pipeline=1
+            ),
         ],
     ),
 }

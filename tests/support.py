@@ -1,0 +1,229 @@
+"""Helpers every test room shares: small clusters, hand-written plans, jobs polled to an end,
+and ``hetsched serve`` run as a user runs it (its own process, on a free port).
+
+Imports only the standard library, httpx and scheduler types, so a test module that uses it
+pays nothing for torch or Ray at collection.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pytest
+
+from scheduler.hardware.cluster import Cluster, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import DevicePlan, Plan
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = get_preset("gpt-tiny")
+JOBS = "/api/v1/jobs"
+TERMINAL = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
+JOB_TIMEOUT_S = 240.0
+SERVE_START_S = 180.0
+"""A cold start (Ray, then the embedded cluster) on a 2-core machine shared with other work."""
+SERVE_EXIT_S = 60.0
+
+
+# --- clusters and plans -------------------------------------------------------------------
+
+
+def make_cluster(types: Sequence[str], *, memory_scale: float = 0.01, name: str = "t") -> Cluster:
+    """One node ``a`` with one simulated device per type, ``a/0``, ``a/1``, ... in order."""
+    return parse_cluster(
+        {
+            "name": name,
+            "nodes": [{"name": "a", "devices": [{"type": t} for t in types]}],
+            "simulation": {"memory_scale": memory_scale},
+        }
+    )
+
+
+def plan_of(strategy: str, devices: Sequence[DevicePlan]) -> Plan:
+    """A plan over hand-written device entries; its global batch is what the first stage
+    of every pipeline (or, data parallel, every device) computes. Predictions are dummies."""
+    global_batch = sum(d.samples for d in devices if not d.stage)
+    return Plan(
+        strategy=strategy,
+        global_batch=global_batch,
+        predicted_step_s=0.5,
+        compute_s=0.5,
+        comm_s=0.0,
+        devices=tuple(devices),
+    )
+
+
+def manual_plan(split: Sequence[tuple[str, int, int]], *, strategy: str = "dp") -> Plan:
+    """A data-parallel plan from ``(device id, samples, micro_batch)`` triples, in batch
+    order; each device runs as many micro-batches of at most ``micro_batch`` as it needs."""
+    devices, offset = [], 0
+    for device_id, samples, micro_batch in split:
+        devices.append(
+            DevicePlan(
+                id=device_id,
+                samples=samples,
+                micro_batch=micro_batch,
+                accum_steps=-(-samples // micro_batch) if samples else 0,
+                busy_s=0.0,
+                peak_bytes=0,
+                offset=offset,
+            )
+        )
+        offset += samples
+    return plan_of(strategy, devices)
+
+
+def pipeline_stage(
+    device_id: str,
+    *,
+    samples: int,
+    offset: int = 0,
+    num_micro_batches: int,
+    layers: tuple[int, int],
+    stage: int,
+    pipeline: int = 0,
+) -> DevicePlan:
+    """One stage of a pipeline that cuts its ``samples`` into ``num_micro_batches``."""
+    return DevicePlan(
+        id=device_id,
+        samples=samples,
+        micro_batch=-(-samples // num_micro_batches),
+        accum_steps=num_micro_batches,
+        busy_s=0.0,
+        peak_bytes=0,
+        offset=offset,
+        layers=layers,
+        stage=stage,
+        pipeline=pipeline,
+    )
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+class Getter(Protocol):
+    """What polls a job: FastAPI's ``TestClient`` or an ``httpx.Client(base_url=...)``."""
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response: ...
+
+
+def wait_for(
+    client: Getter,
+    job_id: str,
+    done: Callable[[dict[str, Any]], bool],
+    timeout_s: float = JOB_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Poll the job until ``done(job)``; fail at once if it ended without getting there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(f"{JOBS}/{job_id}").json()
+        if done(job):
+            return job
+        if job["state"] in TERMINAL:
+            pytest.fail(f"job {job_id} ended {job['state']} first: {job['message']}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s; job is {job['state']}: {job}")
+        time.sleep(0.1)
+
+
+# --- hetsched serve, as a user runs it ------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS's pick; another process may take it later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the caller's ``HETSCHED_*`` settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
+    return env | extra
+
+
+def serve_command(data_dir: Path, *args: str) -> list[str]:
+    """The command line of ``hetsched serve`` on ``data_dir``, as a user types it."""
+    return [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir), *args]
+
+
+class Serve:
+    """One ``hetsched serve`` subprocess on a free port of 127.0.0.1, its output in ``log``.
+
+    It runs in a session of its own, so a signal meant for pytest does not reach it and
+    :meth:`stop` can end what it left behind by process group.
+    """
+
+    def __init__(self, data_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data_dir / "serve.log"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                serve_command(data_dir, "--port", str(self.port), *args),
+                cwd=REPO,
+                env=dict(env) if env is not None else clean_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of what it said, for a failure's message."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_up(self, *, timeout_s: float = SERVE_START_S) -> dict[str, Any]:
+        """Wait until ``/healthz`` says the cluster is available; its answer."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                pytest.fail(f"hetsched serve exited with {self.process.returncode}:\n{self.tail()}")
+            with suppress(httpx.HTTPError, ValueError, KeyError):
+                health = httpx.get(f"{self.url}/healthz", timeout=2).json()
+                if health["cluster"] == "available":
+                    return health
+            if time.monotonic() > deadline:
+                pytest.fail(f"hetsched serve not up in {timeout_s:.0f} s:\n{self.tail()}")
+            time.sleep(0.5)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10)
+
+    def stop(self, *, timeout_s: float = SERVE_EXIT_S) -> int:
+        """SIGTERM, as systemd or a container runtime stops it (the lifespan shutdown ends
+        the executor and Ray), and wait; past ``timeout_s``, kill its process group.
+        Its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+
+@contextmanager
+def serving(data_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> Iterator[Serve]:
+    """A started ``hetsched serve`` whose cluster is up, stopped with SIGTERM afterwards."""
+    service = Serve(data_dir, *args, env=env)
+    try:
+        service.wait_up()
+        yield service
+    finally:
+        service.stop()
