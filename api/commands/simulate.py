@@ -26,20 +26,23 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.commands.plan import format_table
 from api.services import check_simulated_fit
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
-from scheduler.hardware.cluster import Cluster, load_cluster
-from scheduler.hardware.faults import parse_fault
+from scheduler.hardware.cluster import Cluster, load_cluster, with_faults
+from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import PRESETS, ModelPreset, check_trainable
 from scheduler.planning.plan import DP_STRATEGIES
 from scheduler.planning.planner import STRATEGIES
+from scheduler.units import format_bytes
+
+if TYPE_CHECKING:  # the workers (torch, Ray) load when a simulation starts
+    from workers.session import CheckpointInfo, RunBuilder, Validation, WorkerPool
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
 DEFAULT_STRATEGIES = "auto,even"
@@ -220,19 +223,14 @@ def simulate(
     devices and, with ``replan``, follows speed changes (:mod:`workers.run.job`).
     ``init_from``: a Hugging Face directory every run starts from.
     """
-    from scheduler.hardware.faults import FaultSchedule
-    from scheduler.planning.planner import make_plan
-    from workers.devices.calibration import default_cache_dir
-    from workers.models.hf import load_hf_directory
     from workers.session import (
-        Checkpointing,
-        LiveReplanning,
+        RunBuilder,
         WorkerPool,
+        default_cache_dir,
         default_validation,
         profile_cluster,
+        start_from_hf,
         start_local_ray,
-        train,
-        write_weights,
     )
 
     cache_dir = cache_dir or default_cache_dir()
@@ -247,8 +245,13 @@ def simulate(
     try:
         restore = None
         if init_from is not None:
-            _, weights = load_hf_directory(init_from, seq_len=preset.seq_len)
-            restore = write_weights(start_dir.name, weights, {"init_from": str(init_from)})
+            restore = start_from_hf(
+                init_from,
+                model=preset,
+                ref=f"hf:{init_from}",
+                uri=start_dir.name,
+                manifest={"init_from": str(init_from)},
+            )
         begin = time.perf_counter()
         progress.say("profiling (cached after the first run)...")
         # Per-layer figures only matter to the pipeline planners; skip them otherwise.
@@ -264,70 +267,26 @@ def simulate(
         progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
         runs = []
         for strategy in strategies:
-            plan = make_plan(profile, global_batch, strategy)
-
-            def on_step(m: Any, label: str = strategy) -> None:
-                progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
-
-            progress.step(strategy, 0, steps, "starting actors")
-            replans: list[dict[str, Any]] = []
-            recoveries: list[dict[str, Any]] = []
-            with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
-                result = train(
-                    cluster=cluster,
-                    model=preset,
-                    plan=plan,
-                    steps=steps,
-                    seed=seed,
-                    on_step=on_step,
-                    cache_dir=cache_dir,
+            builder = RunBuilder(
+                cluster=cluster,
+                model=preset,
+                profile=profile,
+                strategy=strategy,
+                global_batch=global_batch,
+                steps=steps,
+                seed=seed,
+                cache_dir=cache_dir,
+            )
+            runs.append(
+                _train(
+                    builder,
                     pool=pool,
-                    checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
-                    max_failures=len(cluster.simulation.faults),
-                    replan=lambda gone, s=strategy: make_plan(
-                        profile.subset([d.id for d in profile.devices if d.id not in gone]),
-                        global_batch,
-                        s,
-                    ),
-                    faults=FaultSchedule(cluster.simulation.faults),
-                    live=LiveReplanning(profile=profile, strategy=strategy, total_steps=steps)
-                    if replan
-                    else None,
-                    on_replan=lambda d, out=replans: out.append(d.to_dict()),
-                    on_recovery=lambda r, out=recoveries: out.append(r.to_dict()),
+                    progress=progress,
+                    follow_speed=replan,
                     validation=validation,
                     restore=restore,
                 )
-            after_first = result.step_times_s[1:] or result.step_times_s
-            measured = statistics.median(after_first)
-            runs.append(
-                {
-                    "strategy": strategy,
-                    "plan": plan.to_dict(),
-                    "predicted_step_s": plan.predicted_step_s,
-                    "measured_step_s": measured,
-                    "measured_samples_per_s": global_batch / measured,
-                    "losses": result.losses,
-                    "val_losses": [result.val_losses.get(step) for step in range(steps)],
-                    "step_times_s": result.step_times_s,
-                    "replans": replans,
-                    "recoveries": recoveries,
-                    "devices": [
-                        {
-                            "id": d.id,
-                            "busy_s": d.busy_s,
-                            "wait_s": d.wait_s,
-                            "peak_bytes": d.peak_bytes,
-                        }
-                        for d in result.devices
-                    ],
-                }
             )
-        by_name = {r["strategy"]: r for r in runs}
-        speedup = None
-        best = next((r for r in runs if r["strategy"] != "even"), None)  # dp, or auto, ...
-        if best is not None and "even" in by_name:
-            speedup = best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
         return {
             "cluster": cluster.name,
             "model": preset.name,
@@ -337,7 +296,7 @@ def simulate(
             "profile": profile.to_dict(),
             "ideal_samples_per_s": ideal_samples_per_s(profile),
             "runs": runs,
-            "speedup_vs_even": speedup,
+            "speedup_vs_even": _speedup_vs_even(runs),
         }
 
     finally:
@@ -345,16 +304,67 @@ def simulate(
         start_dir.cleanup()
 
 
+def _speedup_vs_even(runs: list[dict[str, Any]]) -> float | None:
+    """The first other strategy's measured samples/s over even's (dp, or auto, ...)."""
+    by_name = {r["strategy"]: r for r in runs}
+    best = next((r for r in runs if r["strategy"] != "even"), None)
+    if best is None or "even" not in by_name:
+        return None
+    return best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
+
+
+def _train(
+    builder: RunBuilder,
+    *,
+    pool: WorkerPool,
+    progress: Progress,
+    follow_speed: bool,
+    validation: Validation | None,
+    restore: CheckpointInfo | None,
+) -> dict[str, Any]:
+    """One strategy's run, checkpointing into a temporary directory; its entry of ``runs``."""
+    from workers.session import Checkpointing, Recorder
+
+    strategy, steps = builder.strategy, builder.steps
+    plan = builder.plan()
+    hooks = Recorder(
+        watch=lambda m: progress.step(
+            strategy, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}"
+        )
+    )
+    progress.step(strategy, 0, steps, "starting actors")
+    faults = builder.cluster.simulation.faults
+    with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
+        config = builder.config(
+            checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
+            validation=validation,
+            max_failures=len(faults),
+            follow_speed=follow_speed,
+            faults=FaultSchedule(faults),
+        )
+        result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks, restore=restore)
+    after_first = result.step_times_s[1:] or result.step_times_s
+    measured = statistics.median(after_first)
+    return {
+        "strategy": strategy,
+        "plan": plan.to_dict(),
+        "predicted_step_s": plan.predicted_step_s,
+        "measured_step_s": measured,
+        "measured_samples_per_s": builder.global_batch / measured,
+        "losses": result.losses,
+        "val_losses": [result.val_losses.get(step) for step in range(steps)],
+        "step_times_s": result.step_times_s,
+        "replans": [d.to_dict() for d in hooks.replans],
+        "recoveries": [r.to_dict() for r in hooks.recoveries],
+        "devices": [d.to_dict() for d in result.devices],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     strategies = parse_strategies(args.strategies)
     cluster = load_cluster(args.cluster)
-    extra = [parse_fault(text, cluster.ids) for text in args.fault]
-    if extra:
-        cluster = replace(
-            cluster,
-            simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
-        )
+    cluster = with_faults(cluster, [parse_fault(text, cluster.ids) for text in args.fault])
     preset = resolve_model(
         args.model or (f"hf:{args.init_from}" if args.init_from is not None else "gpt-tiny")
     )
@@ -390,10 +400,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _s(value: float) -> str:
     return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
-
-
-def _mb(num_bytes: float) -> str:
-    return f"{num_bytes / 1e6:.1f} MB"
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -458,7 +464,7 @@ def render(doc: dict[str, Any]) -> str:
                     _s(p["busy_s"]),
                     _s(d["busy_s"]),
                     _s(d["wait_s"]),
-                    _mb(d["peak_bytes"]),
+                    format_bytes(d["peak_bytes"]),
                 ]
             )
     lines.append(
