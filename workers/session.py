@@ -212,13 +212,7 @@ def train(
     from the last checkpoint on the plan ``replan(lost devices)`` returns (by
     default the same plan: a crashed worker is replaced, a lost device is not).
     """
-    check_trainable(model)
-    if steps < 0:
-        raise WorkerError(f"steps: must be >= 0, got {steps}")
-    if config.validation is not None:  # a split too short for one sample: say so first
-        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
-    for d in plan.devices:
-        cluster.device(d.id)
+    _check_run(cluster=cluster, model=model, plan=plan, steps=steps, dataset=dataset, config=config)
     if not ray.is_initialized():
         if not simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
@@ -256,6 +250,25 @@ def train(
     finally:
         if own_pool:
             pool.shutdown()
+
+
+def _check_run(
+    *,
+    cluster: Cluster,
+    model: ModelPreset,
+    plan: Plan,
+    steps: int,
+    dataset: Path | None,
+    config: RunConfig,
+) -> None:
+    """What fails the run anyway, said in one line before any worker starts."""
+    check_trainable(model)
+    if steps < 0:
+        raise WorkerError(f"steps: must be >= 0, got {steps}")
+    if config.validation is not None:  # a split too short for one sample
+        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
+    for d in plan.devices:
+        cluster.device(d.id)
 
 
 SHAPE_FIELDS = (

@@ -228,8 +228,6 @@ def simulate(
         WorkerPool,
         default_cache_dir,
         default_validation,
-        profile_cluster,
-        start_from_hf,
         start_local_ray,
     )
 
@@ -243,28 +241,16 @@ def simulate(
     validation = default_validation(steps, every=val_every, batches=val_batches)
     start_dir = tempfile.TemporaryDirectory(prefix="hetsched-init-")
     try:
-        restore = None
-        if init_from is not None:
-            restore = start_from_hf(
-                init_from,
-                model=preset,
-                ref=f"hf:{init_from}",
-                uri=start_dir.name,
-                manifest={"init_from": str(init_from)},
-            )
-        begin = time.perf_counter()
-        progress.say("profiling (cached after the first run)...")
-        # Per-layer figures only matter to the pipeline planners; skip them otherwise.
-        wants_layers = any(s not in DP_STRATEGIES for s in strategies)
-        profile = profile_cluster(
+        restore = _hf_start(init_from, preset, start_dir.name)
+        profile = _profile(
             cluster,
             preset,
+            strategies,
             cache_dir=cache_dir,
             refresh=refresh,
-            layers="auto" if wants_layers else None,
             pool=pool,
+            progress=progress,
         )
-        progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
         runs = []
         for strategy in strategies:
             builder = RunBuilder(
@@ -277,16 +263,15 @@ def simulate(
                 seed=seed,
                 cache_dir=cache_dir,
             )
-            runs.append(
-                _train(
-                    builder,
-                    pool=pool,
-                    progress=progress,
-                    follow_speed=replan,
-                    validation=validation,
-                    restore=restore,
-                )
+            run = _train(
+                builder,
+                pool=pool,
+                progress=progress,
+                follow_speed=replan,
+                validation=validation,
+                restore=restore,
             )
+            runs.append(run)
         return {
             "cluster": cluster.name,
             "model": preset.name,
@@ -302,6 +287,44 @@ def simulate(
     finally:
         pool.shutdown()
         start_dir.cleanup()
+
+
+def _hf_start(init_from: Path | None, preset: ModelPreset, uri: str) -> CheckpointInfo | None:
+    """``--init-from``'s weights as the checkpoint every run starts from (None: fresh)."""
+    from workers.session import start_from_hf
+
+    if init_from is None:
+        return None
+    manifest = {"init_from": str(init_from)}
+    return start_from_hf(init_from, model=preset, ref=f"hf:{init_from}", uri=uri, manifest=manifest)
+
+
+def _profile(
+    cluster: Cluster,
+    preset: ModelPreset,
+    strategies: list[str],
+    *,
+    cache_dir: Path,
+    refresh: bool,
+    pool: WorkerPool,
+    progress: Progress,
+) -> Profile:
+    from workers.session import profile_cluster
+
+    begin = time.perf_counter()
+    progress.say("profiling (cached after the first run)...")
+    # Per-layer figures only matter to the pipeline planners; skip them otherwise.
+    wants_layers = any(s not in DP_STRATEGIES for s in strategies)
+    profile = profile_cluster(
+        cluster,
+        preset,
+        cache_dir=cache_dir,
+        refresh=refresh,
+        layers="auto" if wants_layers else None,
+        pool=pool,
+    )
+    progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
+    return profile
 
 
 def _speedup_vs_even(runs: list[dict[str, Any]]) -> float | None:
@@ -402,45 +425,42 @@ def _s(value: float) -> str:
     return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+STRATEGY_COLUMNS = [
+    "strategy",
+    "predicted step",
+    "measured step",
+    "error",
+    "samples/s",
+    "of ideal",
+    "loss",
+    "val loss",
+]
+DEVICE_COLUMNS = [
+    "strategy",
+    "device",
+    "samples",
+    "micro x accum",
+    "planned busy",
+    "busy",
+    "wait",
+    "peak mem",
+]
+UNPLANNED = {"samples": 0, "micro_batch": 0, "accum_steps": 0, "busy_s": 0.0}
+"""A device that ran but is not in the first plan (a re-plan or a recovery took it)."""
+
+
 def render(doc: dict[str, Any]) -> str:
+    """The command's table: per strategy, per device, and the losses per step."""
     ideal = doc["ideal_samples_per_s"]
     lines = [
         f"hetsched simulate: cluster {doc['cluster']}, model {doc['model']}, "
         f"global batch {doc['global_batch']}, {doc['steps']} steps, seed {doc['seed']}",
         f"ideal {ideal:.1f} samples/s (each device's best solo rate, summed)",
         "",
-    ]
-    rows = []
-    for r in doc["runs"]:
-        error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
-        rows.append(
-            [
-                r["strategy"],
-                _s(r["predicted_step_s"]),
-                _s(r["measured_step_s"]),
-                f"{error:+.0%}",
-                f"{r['measured_samples_per_s']:.1f}",
-                f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
-                f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
-                _val_summary(r.get("val_losses") or []),
-            ]
-        )
-    lines.append(
         format_table(
-            [
-                "strategy",
-                "predicted step",
-                "measured step",
-                "error",
-                "samples/s",
-                "of ideal",
-                "loss",
-                "val loss",
-            ],
-            rows,
-            right={1, 2, 3, 4, 5},
-        )
-    )
+            STRATEGY_COLUMNS, [_strategy_row(r, ideal) for r in doc["runs"]], right={1, 2, 3, 4, 5}
+        ),
+    ]
     if doc["speedup_vs_even"] is not None:
         best = next(r for r in doc["runs"] if r["strategy"] != "even")
         name = best["strategy"]
@@ -448,52 +468,57 @@ def render(doc: dict[str, Any]) -> str:
             name += f" ({best['plan']['strategy']})"
         lines += ["", f"{name} is {doc['speedup_vs_even']:.2f}x the samples/s of even (measured)"]
     lines += ["", "per device (medians over the steps after the first):"]
+    rows = [row for r in doc["runs"] for row in _device_rows(r)]
+    lines.append(format_table(DEVICE_COLUMNS, rows, right={2, 4, 5, 6, 7}))
+    return "\n".join(lines + _loss_lines(doc["runs"]))
+
+
+def _strategy_row(r: dict[str, Any], ideal: float) -> list[str]:
+    error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
+    return [
+        r["strategy"],
+        _s(r["predicted_step_s"]),
+        _s(r["measured_step_s"]),
+        f"{error:+.0%}",
+        f"{r['measured_samples_per_s']:.1f}",
+        f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
+        f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+        _val_summary(r.get("val_losses") or []),
+    ]
+
+
+def _device_rows(r: dict[str, Any]) -> list[list[str]]:
+    planned = {d["id"]: d for d in r["plan"]["devices"]}
     rows = []
-    for r in doc["runs"]:
-        planned = {d["id"]: d for d in r["plan"]["devices"]}
-        for d in r["devices"]:
-            p = planned.get(
-                d["id"], {"samples": 0, "micro_batch": 0, "accum_steps": 0, "busy_s": 0.0}
-            )
-            rows.append(
-                [
-                    r["strategy"],
-                    d["id"],
-                    str(p["samples"]),
-                    f"{p['micro_batch']}x{p['accum_steps']}",
-                    _s(p["busy_s"]),
-                    _s(d["busy_s"]),
-                    _s(d["wait_s"]),
-                    format_bytes(d["peak_bytes"]),
-                ]
-            )
-    lines.append(
-        format_table(
+    for d in r["devices"]:
+        p = planned.get(d["id"], UNPLANNED)
+        rows.append(
             [
-                "strategy",
-                "device",
-                "samples",
-                "micro x accum",
-                "planned busy",
-                "busy",
-                "wait",
-                "peak mem",
-            ],
-            rows,
-            right={2, 4, 5, 6, 7},
+                r["strategy"],
+                d["id"],
+                str(p["samples"]),
+                f"{p['micro_batch']}x{p['accum_steps']}",
+                _s(p["busy_s"]),
+                _s(d["busy_s"]),
+                _s(d["wait_s"]),
+                format_bytes(d["peak_bytes"]),
+            ]
         )
-    )
-    lines += ["", "loss per step:"]
-    for r in doc["runs"]:
+    return rows
+
+
+def _loss_lines(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "loss per step:"]
+    for r in runs:
         lines.append(f"  {r['strategy']:<12} " + " ".join(f"{x:.3f}" for x in r["losses"]))
-    if any(v is not None for r in doc["runs"] for v in r.get("val_losses") or []):
+    if any(v is not None for r in runs for v in r.get("val_losses") or []):
         lines += ["", "validation loss (held-out split) after step:"]
-        for r in doc["runs"]:
+        for r in runs:
             evaluated = [(i, v) for i, v in enumerate(r["val_losses"]) if v is not None]
             lines.append(
                 f"  {r['strategy']:<12} " + " ".join(f"{i + 1}: {v:.3f}" for i, v in evaluated)
             )
-    return "\n".join(lines)
+    return lines
 
 
 def _val_summary(val_losses: list[float | None]) -> str:
