@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,27 +252,27 @@ def simulate(
             pool=pool,
             progress=progress,
         )
-        runs = []
-        for strategy in strategies:
-            builder = RunBuilder(
-                cluster=cluster,
-                model=preset,
-                profile=profile,
-                strategy=strategy,
-                global_batch=global_batch,
-                steps=steps,
-                seed=seed,
-                cache_dir=cache_dir,
-            )
-            run = _train(
-                builder,
+        first = RunBuilder(
+            cluster=cluster,
+            model=preset,
+            profile=profile,
+            strategy=strategies[0],
+            global_batch=global_batch,
+            steps=steps,
+            seed=seed,
+            cache_dir=cache_dir,
+        )
+        runs = [
+            _train(
+                replace(first, strategy=strategy),
                 pool=pool,
                 progress=progress,
                 follow_speed=replan,
                 validation=validation,
                 restore=restore,
             )
-            runs.append(run)
+            for strategy in strategies
+        ]
         return {
             "cluster": cluster.name,
             "model": preset.name,
