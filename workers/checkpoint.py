@@ -121,13 +121,16 @@ class CheckpointStore:
         self.fs.mv(tmp, path)
         return CheckpointInfo(step=step, uri=self.step_uri(step), manifest=doc)
 
-    def prune(self, keep_last: int) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints; drop older and torn ones."""
+    def prune(self, keep_last: int) -> tuple[int, ...]:
+        """Keep the newest ``keep_last`` complete checkpoints; drop older and torn ones.
+
+        Returns the steps of the complete checkpoints kept, oldest first.
+        """
         done = self.complete()
         keep = {c.step for c in done[-keep_last:]} if keep_last > 0 else set()
         newest = done[-1].step if done else -1
         if not self.fs.exists(self._path):
-            return
+            return ()
         for entry in self.fs.ls(self._path, detail=False):
             match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
             if match is None:
@@ -136,6 +139,7 @@ class CheckpointStore:
             torn_and_old = step < newest and step not in {c.step for c in done}
             if (step not in keep and step in {c.step for c in done}) or torn_and_old:
                 self.fs.rm(entry, recursive=True)
+        return tuple(sorted(keep))
 
 
 def write_weights(

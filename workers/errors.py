@@ -14,6 +14,14 @@ class WorkerError(HetschedError):
     """
 
 
+class RecurringFailure(WorkerError):
+    """A failure a retry would meet again: the plan, data, checkpoint or model is at fault,
+    not a device (out of memory for the plan, a diverged loss, a dataset a worker rejects).
+
+    A job never recovers from one (:mod:`workers.run.failures`).
+    """
+
+
 class DeviceOutOfMemory(RuntimeError):
     """A micro-batch needs more memory than the device has, as CUDA's OOM error says.
 

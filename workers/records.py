@@ -1,6 +1,6 @@
-"""Value objects that training runs take and return (contract.md).
+"""Value objects that training runs take and return: settings, step metrics, results, recoveries.
 
-Re-exported by :mod:`workers.session`, the one entry point callers use.
+Callers reach them through :mod:`workers.session`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,15 @@ class DeviceStep:
     """Time waiting at the all-reduce / pipeline."""
     peak_bytes: int
 
+    def to_dict(self) -> dict[str, Any]:
+        """As a job's step record and ``hetsched simulate --json`` list it."""
+        return {
+            "id": self.id,
+            "busy_s": self.busy_s,
+            "wait_s": self.wait_s,
+            "peak_bytes": self.peak_bytes,
+        }
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankStep:
@@ -112,10 +121,43 @@ class TrainResult:
     """Step -> validation loss after it, for the steps that were evaluated."""
     state: dict[str, Any] | None = None
     """Rank 0's model and optimizer state after the last step, when asked for
-    (``train(..., keep_state=True)``): a checkpoint to resume or verify from."""
-    next_plan: Any = None
-    """A re-plan that needs a restart ended the run here: the plan to go on with
-    (a :class:`scheduler.planning.plan.Plan`), from the checkpoint written at the last step."""
+    (``RunConfig(keep_state=True)``): a checkpoint to resume or verify from."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recovery:
+    """One recovery from a failure, as the job record and the dashboard show it."""
+
+    time_s: float
+    """When the failure was noticed (epoch seconds)."""
+    error: str
+    failed_step: int
+    """The step that did not complete."""
+    resumed_step: int
+    """The first step run again (the one after the restored checkpoint)."""
+    lost: tuple[str, ...]
+    """Devices left out because they are gone."""
+    old_plan: dict[str, Any]
+    new_plan: dict[str, Any]
+    recover_s: float
+    """From noticing the failure to the end of the first step after it."""
+
+    @property
+    def steps_redone(self) -> int:
+        return self.failed_step - self.resumed_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "error": self.error,
+            "failed_step": self.failed_step,
+            "resumed_step": self.resumed_step,
+            "steps_redone": self.steps_redone,
+            "lost": list(self.lost),
+            "old_plan": self.old_plan,
+            "new_plan": self.new_plan,
+            "recover_s": self.recover_s,
+        }
 
 
 def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:

@@ -1,15 +1,18 @@
-"""The one entry point of the workers: Ray, profiling and training.
+"""The entry point for training and profiling: Ray, the profile, a job's runs.
 
-``hetsched simulate``, ``hetsched profile`` and the API's job executor call
-only these names::
+``hetsched simulate``, ``hetsched profile`` and the service's job runner train and
+profile through these names (other commands and routes reach the modules they read
+directly: datasets, checkpoint export, placement checks)::
 
-    from workers.session import WorkerPool, start_local_ray, profile_cluster, train
+    from workers.session import RunConfig, WorkerPool, profile_cluster, start_local_ray, train
     start_local_ray(cluster)
     pool = WorkerPool(cluster, simulated=True)       # warm workers, reused by every run
     profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"), pool=pool)
     plan = make_plan(profile, 64, "dp")
     result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0, pool=pool)
     pool.shutdown()
+
+:class:`RunBuilder` is the run both the service and the CLI start from a profile.
 
 Simulated devices are paced against a host calibration cached under
 ``cache_dir``; pass the same ``cache_dir`` to :func:`profile_cluster` and
@@ -20,7 +23,8 @@ Simulated devices are paced against a host calibration cached under
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +33,14 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from scheduler.cost.profile import Profile
+from scheduler.errors import HetschedError
 from scheduler.hardware.catalogue import lookup
 from scheduler.hardware.cluster import Cluster, Device, Links
 from scheduler.hardware.faults import FaultSchedule
 from scheduler.hardware.gpu_names import ProbedGpu, catalogue_key, parse_nvidia_smi
 from scheduler.models.presets import ModelPreset, check_trainable
 from scheduler.planning.plan import Plan
-from scheduler.replan.decision import ReplanDecision
+from scheduler.planning.planner import make_plan
 from workers.checkpoint import CheckpointInfo, CheckpointStore, write_weights
 from workers.cluster.actors import start_local_ray
 from workers.cluster.pool import WorkerPool
@@ -43,38 +48,45 @@ from workers.data.dataset import open_dataset
 from workers.devices.calibration import default_cache_dir
 from workers.devices.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.errors import WorkerError
+from workers.models.hf import load_hf_directory
 from workers.profiler import profile_devices
-from workers.records import DeviceStep, OptimizerConfig, StepMetrics, TrainResult
-from workers.run.driver import Checkpointing, Validation, default_validation
-from workers.run.faults import FaultInjector
-from workers.run.job import Recovery, train_job
-from workers.run.replanning import LiveReplanning, Replanner
+from workers.records import DeviceStep, OptimizerConfig, Recovery, StepMetrics, TrainResult
+from workers.run.config import Checkpointing, RunConfig, Validation, default_validation
+from workers.run.hooks import NoHooks, Recorder, RunHooks
+from workers.run.job import Job
+from workers.run.replanning import LiveReplanning
 from workers.runtime.spec import RankSpec, RunSpec, make_ranks
 
 __all__ = [
     "CheckpointInfo",
     "CheckpointStore",
     "Checkpointing",
+    "DeviceStep",
     "FaultSchedule",
     "LiveReplanning",
-    "Recovery",
-    "DeviceStep",
     "OptimizerConfig",
+    "Recorder",
+    "Recovery",
+    "RunBuilder",
+    "RunConfig",
+    "RunHooks",
     "StepMetrics",
     "TrainResult",
     "Validation",
     "WorkerError",
     "WorkerPool",
     "connect_ray",
+    "default_cache_dir",
     "default_validation",
     "pacing_margin",
     "profile_cluster",
+    "start_from_hf",
     "start_local_ray",
     "train",
-    "write_weights",
 ]
 
 DEFAULT_OPTIMIZER = OptimizerConfig()
+DEFAULT_CONFIG = RunConfig()
 
 
 def connect_ray(address: str) -> Cluster:
@@ -175,54 +187,32 @@ def train(
     dataset: Path | None = None,
     optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
     simulated: bool = True,
-    on_step: Callable[[StepMetrics], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
     cache_dir: Path | None = None,
     dtype: str = "float32",
-    keep_state: bool = False,
     pool: WorkerPool | None = None,
-    checkpointing: Checkpointing | None = None,
+    config: RunConfig = DEFAULT_CONFIG,
+    hooks: RunHooks | None = None,
     restore: CheckpointInfo | None = None,
-    max_failures: int = 0,
     replan: Callable[[set[str]], Plan] | None = None,
-    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
-    on_recovery: Callable[[Recovery], None] | None = None,
-    faults: FaultSchedule | None = None,
-    live: LiveReplanning | None = None,
-    on_replan: Callable[[ReplanDecision], None] | None = None,
-    validation: Validation | None = None,
 ) -> TrainResult:
     """Train ``plan`` up to ``steps`` steps and return the losses and timings.
 
-    One warm worker per active device of the plan (from ``pool``, or a
-    temporary pool) joined into a fresh torch.distributed group, for every
-    strategy (:mod:`workers.run.driver`); ``on_step`` is called in this thread
-    after every step and ``should_stop`` is checked between steps. Raises
-    :class:`WorkerError` naming the device on OOM, crash or a lost actor,
-    within bounded time. ``dtype="float64"`` trains in double precision, for
-    runs that check exactness against a reference; ``keep_state=True``
-    returns the final whole-model state (and rank 0's optimizer state for
-    data-parallel plans).
+    One warm worker per active device of the plan (from ``pool``, or a temporary
+    pool) joined into a fresh torch.distributed group, for every strategy
+    (:class:`workers.run.driver.Run`); ``hooks`` hear of every step, checkpoint,
+    recovery and re-plan in this thread, and ``hooks.should_stop`` is asked between
+    steps. Raises :class:`WorkerError` naming the device on OOM, crash or a lost
+    actor, within bounded time. ``dtype="float64"`` trains in double precision, for
+    runs that check exactness against a reference.
 
-    ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint
-    of any plan) it goes on at the step after the checkpoint's. Durable runs
-    (:mod:`workers.run.job`): ``checkpointing`` writes plan-independent
-    checkpoints, and with ``max_failures > 0`` a failed device is recovered
+    ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint of any
+    plan) it goes on at the step after the checkpoint's. ``config`` says what else
+    the job does (:class:`RunConfig`: checkpoints, validation, recovery from up to
+    ``max_failures`` failures, live re-planning, injected faults); a recovery goes on
     from the last checkpoint on the plan ``replan(lost devices)`` returns (by
     default the same plan: a crashed worker is replaced, a lost device is not).
-    ``faults`` injects a simulated cluster's faults (:mod:`workers.run.faults`);
-    ``live`` follows speed changes (:mod:`workers.run.replanning`), in place for
-    data parallelism and, with ``checkpointing``, through a checkpoint otherwise.
-    ``validation`` evaluates the dataset's held-out split (:class:`Validation`);
-    each evaluated step's :class:`StepMetrics` carries its ``val_loss``.
     """
-    check_trainable(model)
-    if steps < 0:
-        raise WorkerError(f"steps: must be >= 0, got {steps}")
-    if validation is not None:  # a split too short for one sample: say so before any worker
-        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
-    for d in plan.devices:
-        cluster.device(d.id)
+    _check_run(cluster=cluster, model=model, plan=plan, steps=steps, dataset=dataset, config=config)
     if not ray.is_initialized():
         if not simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
@@ -244,31 +234,156 @@ def train(
 
     own_pool = pool is None
     pool = pool or WorkerPool(cluster, simulated=simulated)
-    injector = FaultInjector(faults, pool) if faults else None
-    replanner = Replanner(live) if live is not None else None
     try:
-        return train_job(
+        job = Job(
             pool,
             run_spec=run_spec,
             plan=plan,
             steps=steps,
             ranks_of=ranks_of,
             replan=replan or (lambda lost: plan),
-            checkpointing=checkpointing,
-            max_failures=max_failures,
+            config=config,
+            hooks=hooks or NoHooks(),
             restore=restore,
-            on_step=on_step,
-            on_checkpoint=on_checkpoint,
-            on_recovery=on_recovery,
-            should_stop=should_stop,
-            faults=injector,
-            replanner=replanner,
-            on_replan=on_replan,
-            keep_state=keep_state,
-            validation=validation,
         )
+        return job.train()
     finally:
-        if injector is not None:
-            injector.finish()
         if own_pool:
             pool.shutdown()
+
+
+def _check_run(
+    *,
+    cluster: Cluster,
+    model: ModelPreset,
+    plan: Plan,
+    steps: int,
+    dataset: Path | None,
+    config: RunConfig,
+) -> None:
+    """What fails the run anyway, said in one line before any worker starts."""
+    check_trainable(model)
+    if steps < 0:
+        raise WorkerError(f"steps: must be >= 0, got {steps}")
+    if config.validation is not None:  # a split too short for one sample
+        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
+    for d in plan.devices:
+        cluster.device(d.id)
+
+
+SHAPE_FIELDS = (
+    "family",
+    "num_layers",
+    "d_model",
+    "num_heads",
+    "num_kv_heads",
+    "d_ff",
+    "vocab_size",
+    "max_seq_len",
+    "norm_eps",
+    "rope_theta",
+    "gelu_approximate",
+)
+"""What a run's model must share with the weights it starts from (shapes and the functions)."""
+
+
+def start_from_hf(
+    directory: Path, *, model: ModelPreset, ref: str, uri: str, manifest: dict[str, Any]
+) -> CheckpointInfo:
+    """A Hugging Face directory's weights as a checkpoint of step -1 at ``uri``, for a
+    run of ``model`` to start from (fresh optimizer state); ``ref`` names the
+    directory in messages, as the caller's user gave it (``hf:NAME``)."""
+    preset, state = load_hf_directory(directory, seq_len=model.seq_len)
+    for dim in SHAPE_FIELDS:
+        if getattr(preset, dim) != getattr(model, dim):
+            raise HetschedError(
+                f"init_from: {ref.removeprefix('hf:')} holds a model with {dim} "
+                f"{getattr(preset, dim)}, the run's has {getattr(model, dim)}; "
+                f"give the run model {ref!r}"
+            )
+    return write_weights(uri, state, manifest)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunBuilder:
+    """The run of one strategy on a measured profile, as the service's jobs and
+    ``hetsched simulate`` both start theirs: its first plan, the plans a recovery
+    makes on the devices still usable, and live re-planning when it follows speed."""
+
+    cluster: Cluster
+    """The whole cluster, not the profiled subset: simulated pacing is relative to its
+    fastest device, as it was when the profile was measured."""
+    model: ModelPreset
+    profile: Profile
+    """The devices the run may use, measured."""
+    strategy: str
+    global_batch: int
+    steps: int
+    seed: int
+    cache_dir: Path
+    simulated: bool = True
+
+    def plan(self, device_ids: Sequence[str] | None = None) -> Plan:
+        """The plan on ``device_ids`` of the profile (default: every one)."""
+        profile = self.profile if device_ids is None else self.profile.subset(list(device_ids))
+        return make_plan(profile, self.global_batch, self.strategy)
+
+    def config(
+        self,
+        *,
+        checkpointing: Checkpointing,
+        validation: Validation | None,
+        max_failures: int,
+        follow_speed: bool,
+        faults: FaultSchedule | None = None,
+    ) -> RunConfig:
+        live = LiveReplanning(profile=self.profile, strategy=self.strategy, total_steps=self.steps)
+        return RunConfig(
+            checkpointing=checkpointing,
+            validation=validation,
+            max_failures=max_failures,
+            live=live if follow_speed else None,
+            faults=faults,
+        )
+
+    def train(
+        self,
+        *,
+        plan: Plan,
+        pool: WorkerPool,
+        config: RunConfig,
+        hooks: RunHooks,
+        restore: CheckpointInfo | None = None,
+        dataset: Path | None = None,
+        optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
+    ) -> TrainResult:
+        """Train ``plan``; a recovery re-plans on the devices not lost that ``hooks.claim``
+        grants, and tells ``hooks.on_plan``."""
+
+        def replan(lost: set[str]) -> Plan:
+            candidates = [d.id for d in self.profile.devices if d.id not in lost]
+            usable = hooks.claim(candidates)
+            if not usable:
+                raise HetschedError(
+                    f"recovery: no usable device left (lost: {', '.join(sorted(lost))})"
+                )
+            new_plan = self.plan(usable)
+            hooks.on_plan(new_plan)
+            return new_plan
+
+        return train(
+            cluster=self.cluster,
+            model=self.model,
+            plan=plan,
+            steps=self.steps,
+            seed=self.seed,
+            dataset=dataset,
+            optimizer=optimizer,
+            simulated=self.simulated,
+            cache_dir=self.cache_dir,
+            pool=pool,
+            config=config,
+            hooks=hooks,
+            restore=restore,
+            replan=replan,
+        )

@@ -28,19 +28,23 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.commands.common import add_cache_arguments, add_command, model_help
 from api.commands.plan import format_table
 from api.services import check_simulated_fit
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
-from scheduler.hardware.cluster import Cluster, load_cluster
-from scheduler.hardware.faults import parse_fault
+from scheduler.hardware.cluster import Cluster, load_cluster, with_faults
+from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import ModelPreset, check_trainable
 from scheduler.planning.plan import DP_STRATEGIES
 from scheduler.planning.planner import STRATEGIES
+from scheduler.units import format_bytes
+
+if TYPE_CHECKING:  # the workers (torch, Ray) load when a simulation starts
+    from workers.session import CheckpointInfo, RunBuilder, Validation, WorkerPool
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
 DEFAULT_STRATEGIES = "auto,even"
@@ -215,19 +219,12 @@ def simulate(
     devices and, with ``replan``, follows speed changes (:mod:`workers.run.job`).
     ``init_from``: a Hugging Face directory every run starts from.
     """
-    from scheduler.hardware.faults import FaultSchedule
-    from scheduler.planning.planner import make_plan
-    from workers.devices.calibration import default_cache_dir
-    from workers.models.hf import load_hf_directory
     from workers.session import (
-        Checkpointing,
-        LiveReplanning,
+        RunBuilder,
         WorkerPool,
+        default_cache_dir,
         default_validation,
-        profile_cluster,
         start_local_ray,
-        train,
-        write_weights,
     )
 
     cache_dir = cache_dir or default_cache_dir()
@@ -240,89 +237,37 @@ def simulate(
     validation = default_validation(steps, every=val_every, batches=val_batches)
     start_dir = tempfile.TemporaryDirectory(prefix="hetsched-init-")
     try:
-        restore = None
-        if init_from is not None:
-            _, weights = load_hf_directory(init_from, seq_len=preset.seq_len)
-            restore = write_weights(start_dir.name, weights, {"init_from": str(init_from)})
-        begin = time.perf_counter()
-        progress.say("profiling (cached after the first run)...")
-        # Per-layer figures only matter to the pipeline planners; skip them otherwise.
-        wants_layers = any(s not in DP_STRATEGIES for s in strategies)
-        profile = profile_cluster(
+        restore = _hf_start(init_from, preset, start_dir.name)
+        profile = _profile(
             cluster,
             preset,
+            strategies,
             cache_dir=cache_dir,
             refresh=refresh,
-            layers="auto" if wants_layers else None,
             pool=pool,
+            progress=progress,
         )
-        progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
-        runs = []
-        for strategy in strategies:
-            plan = make_plan(profile, global_batch, strategy)
-
-            def on_step(m: Any, label: str = strategy) -> None:
-                progress.step(label, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}")
-
-            progress.step(strategy, 0, steps, "starting actors")
-            replans: list[dict[str, Any]] = []
-            recoveries: list[dict[str, Any]] = []
-            with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
-                result = train(
-                    cluster=cluster,
-                    model=preset,
-                    plan=plan,
-                    steps=steps,
-                    seed=seed,
-                    on_step=on_step,
-                    cache_dir=cache_dir,
-                    pool=pool,
-                    checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
-                    max_failures=len(cluster.simulation.faults),
-                    replan=lambda gone, s=strategy: make_plan(
-                        profile.subset([d.id for d in profile.devices if d.id not in gone]),
-                        global_batch,
-                        s,
-                    ),
-                    faults=FaultSchedule(cluster.simulation.faults),
-                    live=LiveReplanning(profile=profile, strategy=strategy, total_steps=steps)
-                    if replan
-                    else None,
-                    on_replan=lambda d, out=replans: out.append(d.to_dict()),
-                    on_recovery=lambda r, out=recoveries: out.append(r.to_dict()),
-                    validation=validation,
-                    restore=restore,
-                )
-            after_first = result.step_times_s[1:] or result.step_times_s
-            measured = statistics.median(after_first)
-            runs.append(
-                {
-                    "strategy": strategy,
-                    "plan": plan.to_dict(),
-                    "predicted_step_s": plan.predicted_step_s,
-                    "measured_step_s": measured,
-                    "measured_samples_per_s": global_batch / measured,
-                    "losses": result.losses,
-                    "val_losses": [result.val_losses.get(step) for step in range(steps)],
-                    "step_times_s": result.step_times_s,
-                    "replans": replans,
-                    "recoveries": recoveries,
-                    "devices": [
-                        {
-                            "id": d.id,
-                            "busy_s": d.busy_s,
-                            "wait_s": d.wait_s,
-                            "peak_bytes": d.peak_bytes,
-                        }
-                        for d in result.devices
-                    ],
-                }
+        first = RunBuilder(
+            cluster=cluster,
+            model=preset,
+            profile=profile,
+            strategy=strategies[0],
+            global_batch=global_batch,
+            steps=steps,
+            seed=seed,
+            cache_dir=cache_dir,
+        )
+        runs = [
+            _train(
+                replace(first, strategy=strategy),
+                pool=pool,
+                progress=progress,
+                follow_speed=replan,
+                validation=validation,
+                restore=restore,
             )
-        by_name = {r["strategy"]: r for r in runs}
-        speedup = None
-        best = next((r for r in runs if r["strategy"] != "even"), None)  # dp, or auto, ...
-        if best is not None and "even" in by_name:
-            speedup = best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
+            for strategy in strategies
+        ]
         return {
             "cluster": cluster.name,
             "model": preset.name,
@@ -332,7 +277,7 @@ def simulate(
             "profile": profile.to_dict(),
             "ideal_samples_per_s": ideal_samples_per_s(profile),
             "runs": runs,
-            "speedup_vs_even": speedup,
+            "speedup_vs_even": _speedup_vs_even(runs),
         }
 
     finally:
@@ -340,16 +285,105 @@ def simulate(
         start_dir.cleanup()
 
 
+def _hf_start(init_from: Path | None, preset: ModelPreset, uri: str) -> CheckpointInfo | None:
+    """``--init-from``'s weights as the checkpoint every run starts from (None: fresh)."""
+    from workers.session import start_from_hf
+
+    if init_from is None:
+        return None
+    manifest = {"init_from": str(init_from)}
+    return start_from_hf(init_from, model=preset, ref=f"hf:{init_from}", uri=uri, manifest=manifest)
+
+
+def _profile(
+    cluster: Cluster,
+    preset: ModelPreset,
+    strategies: list[str],
+    *,
+    cache_dir: Path,
+    refresh: bool,
+    pool: WorkerPool,
+    progress: Progress,
+) -> Profile:
+    from workers.session import profile_cluster
+
+    begin = time.perf_counter()
+    progress.say("profiling (cached after the first run)...")
+    # Per-layer figures only matter to the pipeline planners; skip them otherwise.
+    wants_layers = any(s not in DP_STRATEGIES for s in strategies)
+    profile = profile_cluster(
+        cluster,
+        preset,
+        cache_dir=cache_dir,
+        refresh=refresh,
+        layers="auto" if wants_layers else None,
+        pool=pool,
+    )
+    progress.say(f"profiled in {time.perf_counter() - begin:.1f} s")
+    return profile
+
+
+def _speedup_vs_even(runs: list[dict[str, Any]]) -> float | None:
+    """The first other strategy's measured samples/s over even's (dp, or auto, ...)."""
+    by_name = {r["strategy"]: r for r in runs}
+    best = next((r for r in runs if r["strategy"] != "even"), None)
+    if best is None or "even" not in by_name:
+        return None
+    return best["measured_samples_per_s"] / by_name["even"]["measured_samples_per_s"]
+
+
+def _train(
+    builder: RunBuilder,
+    *,
+    pool: WorkerPool,
+    progress: Progress,
+    follow_speed: bool,
+    validation: Validation | None,
+    restore: CheckpointInfo | None,
+) -> dict[str, Any]:
+    """One strategy's run, checkpointing into a temporary directory; its entry of ``runs``."""
+    from workers.session import Checkpointing, Recorder
+
+    strategy, steps = builder.strategy, builder.steps
+    plan = builder.plan()
+    hooks = Recorder(
+        watch=lambda m: progress.step(
+            strategy, m.step + 1, steps, f"step {m.step_s:.2f} s  loss {m.loss:.3f}"
+        )
+    )
+    progress.step(strategy, 0, steps, "starting actors")
+    faults = builder.cluster.simulation.faults
+    with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
+        config = builder.config(
+            checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
+            validation=validation,
+            max_failures=len(faults),
+            follow_speed=follow_speed,
+            faults=FaultSchedule(faults),
+        )
+        result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks, restore=restore)
+    after_first = result.step_times_s[1:] or result.step_times_s
+    measured = statistics.median(after_first)
+    return {
+        "strategy": strategy,
+        "plan": plan.to_dict(),
+        "predicted_step_s": plan.predicted_step_s,
+        "measured_step_s": measured,
+        "measured_samples_per_s": builder.global_batch / measured,
+        "losses": result.losses,
+        "val_losses": [result.val_losses.get(step) for step in range(steps)],
+        "step_times_s": result.step_times_s,
+        "replans": [d.to_dict() for d in hooks.replans],
+        "recoveries": [r.to_dict() for r in hooks.recoveries],
+        "devices": [d.to_dict() for d in result.devices],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     strategies = parse_strategies(args.strategies)
     cluster = load_cluster(args.cluster)
-    extra = [parse_fault(text, cluster.ids) for text in args.fault]
-    if extra:
-        cluster = replace(
-            cluster,
-            simulation=replace(cluster.simulation, faults=cluster.simulation.faults + tuple(extra)),
-        )
+    cluster = with_faults(cluster, [parse_fault(text, cluster.ids) for text in args.fault])
     preset = resolve_model(
         args.model or (f"hf:{args.init_from}" if args.init_from is not None else "gpt-tiny")
     )
@@ -387,49 +421,42 @@ def _s(value: float) -> str:
     return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def _mb(num_bytes: float) -> str:
-    return f"{num_bytes / 1e6:.1f} MB"
+STRATEGY_COLUMNS = [
+    "strategy",
+    "predicted step",
+    "measured step",
+    "error",
+    "samples/s",
+    "of ideal",
+    "loss",
+    "val loss",
+]
+DEVICE_COLUMNS = [
+    "strategy",
+    "device",
+    "samples",
+    "micro x accum",
+    "planned busy",
+    "busy",
+    "wait",
+    "peak mem",
+]
+UNPLANNED = {"samples": 0, "micro_batch": 0, "accum_steps": 0, "busy_s": 0.0}
+"""A device that ran but is not in the first plan (a re-plan or a recovery took it)."""
 
 
 def render(doc: dict[str, Any]) -> str:
+    """The command's table: per strategy, per device, and the losses per step."""
     ideal = doc["ideal_samples_per_s"]
     lines = [
         f"hetsched simulate: cluster {doc['cluster']}, model {doc['model']}, "
         f"global batch {doc['global_batch']}, {doc['steps']} steps, seed {doc['seed']}",
         f"ideal {ideal:.1f} samples/s (each device's best solo rate, summed)",
         "",
-    ]
-    rows = []
-    for r in doc["runs"]:
-        error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
-        rows.append(
-            [
-                r["strategy"],
-                _s(r["predicted_step_s"]),
-                _s(r["measured_step_s"]),
-                f"{error:+.0%}",
-                f"{r['measured_samples_per_s']:.1f}",
-                f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
-                f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
-                _val_summary(r.get("val_losses") or []),
-            ]
-        )
-    lines.append(
         format_table(
-            [
-                "strategy",
-                "predicted step",
-                "measured step",
-                "error",
-                "samples/s",
-                "of ideal",
-                "loss",
-                "val loss",
-            ],
-            rows,
-            right={1, 2, 3, 4, 5},
-        )
-    )
+            STRATEGY_COLUMNS, [_strategy_row(r, ideal) for r in doc["runs"]], right={1, 2, 3, 4, 5}
+        ),
+    ]
     if doc["speedup_vs_even"] is not None:
         best = next(r for r in doc["runs"] if r["strategy"] != "even")
         name = best["strategy"]
@@ -437,52 +464,57 @@ def render(doc: dict[str, Any]) -> str:
             name += f" ({best['plan']['strategy']})"
         lines += ["", f"{name} is {doc['speedup_vs_even']:.2f}x the samples/s of even (measured)"]
     lines += ["", "per device (medians over the steps after the first):"]
+    rows = [row for r in doc["runs"] for row in _device_rows(r)]
+    lines.append(format_table(DEVICE_COLUMNS, rows, right={2, 4, 5, 6, 7}))
+    return "\n".join(lines + _loss_lines(doc["runs"]))
+
+
+def _strategy_row(r: dict[str, Any], ideal: float) -> list[str]:
+    error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
+    return [
+        r["strategy"],
+        _s(r["predicted_step_s"]),
+        _s(r["measured_step_s"]),
+        f"{error:+.0%}",
+        f"{r['measured_samples_per_s']:.1f}",
+        f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
+        f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+        _val_summary(r.get("val_losses") or []),
+    ]
+
+
+def _device_rows(r: dict[str, Any]) -> list[list[str]]:
+    planned = {d["id"]: d for d in r["plan"]["devices"]}
     rows = []
-    for r in doc["runs"]:
-        planned = {d["id"]: d for d in r["plan"]["devices"]}
-        for d in r["devices"]:
-            p = planned.get(
-                d["id"], {"samples": 0, "micro_batch": 0, "accum_steps": 0, "busy_s": 0.0}
-            )
-            rows.append(
-                [
-                    r["strategy"],
-                    d["id"],
-                    str(p["samples"]),
-                    f"{p['micro_batch']}x{p['accum_steps']}",
-                    _s(p["busy_s"]),
-                    _s(d["busy_s"]),
-                    _s(d["wait_s"]),
-                    _mb(d["peak_bytes"]),
-                ]
-            )
-    lines.append(
-        format_table(
+    for d in r["devices"]:
+        p = planned.get(d["id"], UNPLANNED)
+        rows.append(
             [
-                "strategy",
-                "device",
-                "samples",
-                "micro x accum",
-                "planned busy",
-                "busy",
-                "wait",
-                "peak mem",
-            ],
-            rows,
-            right={2, 4, 5, 6, 7},
+                r["strategy"],
+                d["id"],
+                str(p["samples"]),
+                f"{p['micro_batch']}x{p['accum_steps']}",
+                _s(p["busy_s"]),
+                _s(d["busy_s"]),
+                _s(d["wait_s"]),
+                format_bytes(d["peak_bytes"]),
+            ]
         )
-    )
-    lines += ["", "loss per step:"]
-    for r in doc["runs"]:
+    return rows
+
+
+def _loss_lines(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "loss per step:"]
+    for r in runs:
         lines.append(f"  {r['strategy']:<12} " + " ".join(f"{x:.3f}" for x in r["losses"]))
-    if any(v is not None for r in doc["runs"] for v in r.get("val_losses") or []):
+    if any(v is not None for r in runs for v in r.get("val_losses") or []):
         lines += ["", "validation loss (held-out split) after step:"]
-        for r in doc["runs"]:
+        for r in runs:
             evaluated = [(i, v) for i, v in enumerate(r["val_losses"]) if v is not None]
             lines.append(
                 f"  {r['strategy']:<12} " + " ".join(f"{i + 1}: {v:.3f}" for i, v in evaluated)
             )
-    return "\n".join(lines)
+    return lines
 
 
 def _val_summary(val_losses: list[float | None]) -> str:

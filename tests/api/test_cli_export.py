@@ -160,7 +160,11 @@ def test_a_jobs_checkpoints_export_by_id_and_by_directory(
 ) -> None:
     """A short job writes durable checkpoints; its id, id@step and directory all export
     to what transformers loads with hetsched's logits."""
-    from workers.session import Checkpointing, train
+    from workers.session import CheckpointInfo, Checkpointing, RunConfig, RunHooks, train
+
+    class Listed(RunHooks):  # the service's record of the checkpoints
+        def on_checkpoint(self, info: CheckpointInfo, kept_steps: tuple[int, ...]) -> None:
+            store.add_checkpoint(job.id, step=info.step, uri=info.uri, keep=list(kept_steps))
 
     settings = make_settings(tmp_path)
     store = _store(tmp_path)
@@ -174,9 +178,8 @@ def test_a_jobs_checkpoints_export_by_id_and_by_directory(
         plan=manual_plan([("a/0", 4, 4)]),
         steps=2,
         seed=3,
-        keep_state=True,
-        checkpointing=Checkpointing(root=root, every_steps=1),
-        on_checkpoint=lambda c: store.add_checkpoint(job.id, step=c.step, uri=c.uri, keep=[0, 1]),
+        config=RunConfig(keep_state=True, checkpointing=Checkpointing(root=root, every_steps=1)),
+        hooks=Listed(),
     )
     assert result.state is not None
     trained = build_model(LLAMA, seed=0)

@@ -22,6 +22,8 @@ from scheduler.planning.planner import make_plan
 from workers.session import (
     Checkpointing,
     LiveReplanning,
+    Recorder,
+    RunConfig,
     TrainResult,
     WorkerPool,
     train,
@@ -44,8 +46,7 @@ def durable_run(
 ) -> tuple[TrainResult, list[Any], list[Any], float]:
     """Train ``plan``; returns the result, the re-plans that switched, the recoveries and
     the run's wall time in seconds."""
-    switches: list[Any] = []
-    recoveries: list[Any] = []
+    hooks = Recorder()
     with tempfile.TemporaryDirectory(prefix="hetsched-bench-") as root:
         begin = time.perf_counter()
         result = train(
@@ -56,22 +57,24 @@ def durable_run(
             seed=0,
             cache_dir=cache_dir,
             pool=pool,
-            checkpointing=Checkpointing(root=root, every_steps=checkpoint_every)
-            if checkpoint_every
-            else None,
-            max_failures=len(faults),
+            config=RunConfig(
+                checkpointing=Checkpointing(root=root, every_steps=checkpoint_every)
+                if checkpoint_every
+                else None,
+                max_failures=len(faults),
+                faults=FaultSchedule([parse_fault(f) for f in faults]),
+                live=LiveReplanning(profile=profile, strategy=plan.strategy, total_steps=steps)
+                if replan
+                else None,
+            ),
+            hooks=hooks,
             replan=lambda lost: make_plan(
                 profile.subset([d.id for d in profile.devices if d.id not in lost]),
                 plan.global_batch,
                 plan.strategy,
             ),
-            faults=FaultSchedule([parse_fault(f) for f in faults]),
-            live=LiveReplanning(profile=profile, strategy=plan.strategy, total_steps=steps)
-            if replan
-            else None,
-            on_replan=lambda d: switches.append(d) if d.switch else None,
-            on_recovery=recoveries.append,
         )
         wall_s = time.perf_counter() - begin
     assert result.steps_done == steps
-    return result, switches, recoveries, wall_s
+    switches = [d for d in hooks.replans if d.switch]
+    return result, switches, list(hooks.recoveries), wall_s

@@ -18,7 +18,14 @@ import pytest
 from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.planning.planner import make_plan
 from tests.support import TINY, make_cluster
-from workers.session import LiveReplanning, WorkerPool, profile_cluster, train
+from workers.session import (
+    LiveReplanning,
+    Recorder,
+    RunConfig,
+    WorkerPool,
+    profile_cluster,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -41,7 +48,7 @@ def pool():
 def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: bool = True):
     profile = profile_cluster(cluster, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     plan = make_plan(profile, BATCH, "dp")
-    decisions = []
+    hooks = Recorder()
     result = train(
         cluster=cluster,
         model=TINY,
@@ -50,11 +57,15 @@ def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: boo
         seed=3,
         cache_dir=cache_dir,
         pool=pool,
-        faults=FaultSchedule([parse_fault(f) for f in faults]),
-        live=LiveReplanning(profile=profile, strategy="dp", total_steps=steps) if replan else None,
-        on_replan=decisions.append,
+        config=RunConfig(
+            faults=FaultSchedule([parse_fault(f) for f in faults]),
+            live=LiveReplanning(profile=profile, strategy="dp", total_steps=steps)
+            if replan
+            else None,
+        ),
+        hooks=hooks,
     )
-    return plan, result, decisions
+    return plan, result, hooks.replans
 
 
 @pytest.fixture(scope="module")

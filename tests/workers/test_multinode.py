@@ -31,7 +31,15 @@ from scheduler.planning.plan import Plan
 from scheduler.planning.planner import make_plan
 from tests.support import TINY, manual_plan
 from workers.cluster.placement import check_placement, live_nodes
-from workers.session import Checkpointing, CheckpointStore, OptimizerConfig, WorkerPool, train
+from workers.session import (
+    Checkpointing,
+    CheckpointStore,
+    OptimizerConfig,
+    Recorder,
+    RunConfig,
+    WorkerPool,
+    train,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -116,24 +124,25 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
     )
     reference = train(cache_dir=cache_dir, **common).losses
     shared = tmp_path / "shared-volume"
-    recoveries = []
 
     def remove_node_b(metrics) -> None:
-        if metrics.step == LOSE_AT_STEP and not recoveries and "node-b/0" not in pool.lost():
+        if metrics.step == LOSE_AT_STEP and not hooks.recoveries and "node-b/0" not in pool.lost():
             # No waiting for Ray to mark it dead: the recovery must find it gone itself
             # (Ray's view, or its raylet refusing connections: placement.live_nodes).
             cluster.remove_node(nodes["node-b"])
 
+    hooks = Recorder(watch=remove_node_b)
     result = train(
         cache_dir=cache_dir,
-        checkpointing=Checkpointing(root=str(shared), every_steps=2, keep_last=2),
-        max_failures=1,
+        config=RunConfig(
+            checkpointing=Checkpointing(root=str(shared), every_steps=2, keep_last=2),
+            max_failures=1,
+        ),
+        hooks=hooks,
         replan=_replan,
-        on_step=remove_node_b,
-        on_recovery=recoveries.append,
         **common,
     )
-    (recovery,) = recoveries
+    (recovery,) = hooks.recoveries
     assert recovery.lost == ("node-b/0",) and "node-b/0" in recovery.error
     assert (recovery.resumed_step, recovery.failed_step) == (LOSE_AT_STEP, LOSE_AT_STEP + 1)
     assert sorted(d["id"] for d in recovery.new_plan["devices"]) == ["node-a/0", "node-a/1"]

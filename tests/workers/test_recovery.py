@@ -17,6 +17,8 @@ from workers.session import (
     Checkpointing,
     CheckpointStore,
     OptimizerConfig,
+    Recorder,
+    RunConfig,
     WorkerError,
     WorkerPool,
     train,
@@ -91,8 +93,11 @@ def _run_on(pool, cache_dir) -> dict:
     )
 
 
-def _durable(tmp_path, name: str, every: int = 2) -> Checkpointing:
-    return Checkpointing(root=str(tmp_path / name), every_steps=every, keep_last=2)
+def _durable(tmp_path, name: str, every: int = 2, max_failures: int = 0) -> RunConfig:
+    return RunConfig(
+        checkpointing=Checkpointing(root=str(tmp_path / name), every_steps=every, keep_last=2),
+        max_failures=max_failures,
+    )
 
 
 def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchanged(
@@ -102,12 +107,12 @@ def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchan
     finishes: the loss curve is the uninterrupted dp run's."""
     common = _run_on(pool, cache_dir)
     store = CheckpointStore(str(tmp_path / "moves"))
-    first = train(plan=DP, steps=3, checkpointing=_durable(tmp_path, "moves", 3), **common)
+    first = train(plan=DP, steps=3, config=_durable(tmp_path, "moves", 3), **common)
     second = train(
         plan=pp_plan("pp"),
         steps=6,
         restore=store.latest(),
-        checkpointing=_durable(tmp_path, "moves", 3),
+        config=_durable(tmp_path, "moves", 3),
         **common,
     )
     assert store.latest().step == 5 and store.latest().manifest["plan"]["strategy"] == "pp"
@@ -120,25 +125,22 @@ def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchan
 def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
     pool, cache_dir, tmp_path, reference
 ) -> None:
-    seen, recoveries = [], []
-
     def kill_once(metrics) -> None:
-        seen.append(metrics.step)
-        if metrics.step == 4 and len(recoveries) == 0 and seen.count(4) == 1:
+        seen = [m.step for m in hooks.steps]
+        if metrics.step == 4 and len(hooks.recoveries) == 0 and seen.count(4) == 1:
             os.kill(pool.pids()["a/1"], signal.SIGKILL)
 
+    hooks = Recorder(watch=kill_once)
     result = train(
         plan=DP,
         steps=STEPS,
         **_run_on(pool, cache_dir),
-        checkpointing=_durable(tmp_path, "kill"),
-        max_failures=2,
-        on_step=kill_once,
-        on_recovery=recoveries.append,
+        config=_durable(tmp_path, "kill", max_failures=2),
+        hooks=hooks,
     )
     assert result.losses == pytest.approx(reference, rel=1e-4)
     assert result.steps_done == STEPS, "one record per step"
-    (recovery,) = recoveries
+    (recovery,) = hooks.recoveries
     assert "a/1" in recovery.error and recovery.lost == ()
     assert recovery.resumed_step == 4 and recovery.failed_step == 5  # checkpoint after step 3
     assert recovery.recover_s > 0 and recovery.new_plan == DP.to_dict()
@@ -147,10 +149,8 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
 def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
     pool, cache_dir, tmp_path, reference
 ) -> None:
-    recoveries = []
-
     def lose_the_t4(metrics) -> None:
-        if metrics.step == 2 and not recoveries and "a/1" not in pool.lost():
+        if metrics.step == 2 and not hooks.recoveries and "a/1" not in pool.lost():
             pid = pool.pids()["a/1"]
             pool.mark_lost(["a/1"])
             os.kill(pid, signal.SIGKILL)  # gone already; the next step fails on it
@@ -159,21 +159,20 @@ def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
         assert lost == {"a/1"}
         return WITHOUT_T4
 
+    hooks = Recorder(watch=lose_the_t4)
     try:
         result = train(
             plan=DP,
             steps=STEPS,
             **_run_on(pool, cache_dir),
-            checkpointing=_durable(tmp_path, "lost"),
-            max_failures=1,
+            config=_durable(tmp_path, "lost", max_failures=1),
+            hooks=hooks,
             replan=replan,
-            on_step=lose_the_t4,
-            on_recovery=recoveries.append,
         )
     finally:
         pool.mark_lost(["a/1"], lost=False)
     assert result.losses == pytest.approx(reference, rel=1e-4)
-    (recovery,) = recoveries
+    (recovery,) = hooks.recoveries
     assert recovery.lost == ("a/1",) and recovery.new_plan == WITHOUT_T4.to_dict()
     assert [d.id for d in result.devices] == ["a/0", "a/2"]
 
@@ -181,37 +180,34 @@ def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
 def test_a_lost_device_that_comes_back_is_taken_back_at_the_next_checkpoint(
     pool, cache_dir, tmp_path, reference
 ) -> None:
-    recoveries, decisions = [], []
     # Without the T4 the job is predicted far slower (a stand-in figure), so taking it back
     # pays for the restart whatever this host's setup time.
     slower = replace(WITHOUT_T4, predicted_step_s=100.0)
 
     def lose_then_restore(metrics) -> None:
-        if metrics.step == 2 and not recoveries and "a/1" not in pool.lost():
+        if metrics.step == 2 and not hooks.recoveries and "a/1" not in pool.lost():
             pid = pool.pids()["a/1"]
             pool.mark_lost(["a/1"])
             os.kill(pid, signal.SIGKILL)
         if metrics.step == 4:
             pool.mark_lost(["a/1"], lost=False)  # its node is back
 
+    hooks = Recorder(watch=lose_then_restore)
     try:
         result = train(
             plan=DP,
             steps=STEPS,
             **_run_on(pool, cache_dir),
-            checkpointing=_durable(tmp_path, "back"),
-            max_failures=1,
+            config=_durable(tmp_path, "back", max_failures=1),
+            hooks=hooks,
             replan=lambda lost: slower if "a/1" in lost else DP,
-            on_step=lose_then_restore,
-            on_recovery=recoveries.append,
-            on_replan=decisions.append,
         )
     finally:
         pool.mark_lost(["a/1"], lost=False)
     assert result.losses == pytest.approx(reference, rel=1e-4)
-    (recovery,) = recoveries
+    (recovery,) = hooks.recoveries
     assert recovery.lost == ("a/1",)
-    (back,) = decisions
+    (back,) = hooks.replans
     assert back.step == 5 and back.reason.startswith("a/1 came back")  # checkpoint after step 5
     assert back.new_plan == DP and [d.id for d in result.devices] == ["a/0", "a/1", "a/2"]
 
@@ -225,7 +221,6 @@ def test_more_failures_than_allowed_fail_the_job_naming_them(pool, cache_dir, tm
             plan=DP,
             steps=STEPS,
             **_run_on(pool, cache_dir),
-            checkpointing=_durable(tmp_path, "many"),
-            max_failures=1,
-            on_step=kill_every_time,
+            config=_durable(tmp_path, "many", max_failures=1),
+            hooks=Recorder(watch=kill_every_time),
         )

@@ -12,7 +12,7 @@ import torch
 from tests.support import TINY, make_cluster, manual_plan
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
-from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
+from workers.session import OptimizerConfig, Recorder, RunConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -50,7 +50,7 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
         optimizer=OPT,
         cache_dir=cache_dir,
         dtype="float64",
-        keep_state=True,
+        config=RunConfig(keep_state=True),
         pool=mixed_pool,
     )
     assert result.steps_done == 4 and result.state is not None
@@ -120,7 +120,7 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
                 plan=plan,
                 steps=50,
                 seed=0,
-                on_step=kill_the_t4,
+                hooks=Recorder(watch=kill_the_t4),
                 cache_dir=cache_dir,
                 pool=pool,
             )
@@ -139,7 +139,12 @@ def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(
     cache_dir, mixed_pool
 ) -> None:
     plan = manual_plan([("a/0", 12, 12), ("a/2", 4, 4)])
-    seen = []
+
+    class StopAt30(Recorder):
+        def should_stop(self) -> bool:
+            return len(self.steps) >= 30
+
+    hooks = StopAt30()
     result = train(
         cluster=CLUSTER,
         model=TINY,
@@ -149,11 +154,10 @@ def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(
         cache_dir=cache_dir,
         optimizer=OptimizerConfig(lr=1e-2),
         pool=mixed_pool,
-        on_step=seen.append,
-        should_stop=lambda: len(seen) >= 30,
+        hooks=hooks,
     )
     assert result.stopped and result.steps_done == 30 and len(result.losses) == 30
-    assert [m.step for m in seen] == list(range(30))
+    assert [m.step for m in hooks.steps] == list(range(30))
     first, last = result.losses[0], sum(result.losses[-5:]) / 5
     assert first == pytest.approx(5.55, abs=0.2)  # ln 256: uniform over bytes at init
     assert last < 0.7 * first, result.losses

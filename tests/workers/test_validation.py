@@ -10,8 +10,16 @@ import torch
 from tests.support import TINY, make_cluster, manual_plan, pipeline_stage, plan_of
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
-from workers.run.driver import Validation, default_validation
-from workers.session import OptimizerConfig, StepMetrics, WorkerError, WorkerPool, train
+from workers.session import (
+    OptimizerConfig,
+    Recorder,
+    RunConfig,
+    Validation,
+    WorkerError,
+    WorkerPool,
+    default_validation,
+    train,
+)
 
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
 OPT = OptimizerConfig(lr=3e-3)
@@ -85,7 +93,7 @@ def pool(local_ray) -> Iterator[WorkerPool]:
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_validation_loss_is_the_same_whatever_the_split(name: str, reference, pool, cache_dir):
-    steps_seen: list[StepMetrics] = []
+    hooks = Recorder()
     result = train(
         cluster=CLUSTER,
         model=TINY,
@@ -95,12 +103,12 @@ def test_validation_loss_is_the_same_whatever_the_split(name: str, reference, po
         optimizer=OPT,
         cache_dir=cache_dir,
         dtype="float64",
-        validation=Validation(every_steps=EVERY, batches=VAL_BATCHES),
-        on_step=steps_seen.append,
+        config=RunConfig(validation=Validation(every_steps=EVERY, batches=VAL_BATCHES)),
+        hooks=hooks,
         pool=pool,
     )
     # due after every second step and after the last one; None on the others
-    assert [m.val_loss is None for m in steps_seen] == [True, False, False]
+    assert [m.val_loss is None for m in hooks.steps] == [True, False, False]
     assert result.val_losses == pytest.approx(reference, rel=1e-5)
     # the held-out split is not the training data: its loss is not the training loss
     assert all(result.val_losses[s] != pytest.approx(result.losses[s], rel=1e-3) for s in (1, 2))
@@ -128,6 +136,6 @@ def test_a_held_out_split_too_short_is_one_line_before_training(tmp_path, pool, 
             seed=0,
             dataset=text,
             cache_dir=cache_dir,
-            validation=Validation(every_steps=1),
+            config=RunConfig(validation=Validation(every_steps=1)),
             pool=pool,
         )

@@ -16,8 +16,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, Device
-from workers.errors import DeviceOutOfMemory, WorkerError
+from workers.errors import DeviceOutOfMemory, RecurringFailure, WorkerError
 
 RESOURCE_PREFIX = "hetsched:"
 _INIT_LOCK = threading.Lock()
@@ -115,6 +116,13 @@ def _rank_of_error(exc: BaseException) -> int:
     return 2
 
 
+def recurs(exc: BaseException) -> bool:
+    """The worker's own code rejected its work (out of memory for the plan, a dataset,
+    checkpoint or plan it cannot use): a retry would meet the same error."""
+    rejected = DeviceOutOfMemory | HetschedError
+    return isinstance(exc, RayTaskError) and isinstance(exc.cause, rejected)
+
+
 def describe(device_id: str, exc: BaseException) -> str:
     """One line naming the device for a Ray failure."""
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, DeviceOutOfMemory):
@@ -134,7 +142,8 @@ def describe(device_id: str, exc: BaseException) -> str:
 def gather(
     refs: Sequence[ray.ObjectRef], device_ids: Sequence[str], *, timeout_s: float, what: str
 ) -> list[Any]:
-    """Results of ``refs`` in order, or :class:`WorkerError` naming the failing device.
+    """Results of ``refs`` in order, or :class:`WorkerError` naming the failing device
+    (a :class:`RecurringFailure` when the root cause would recur).
 
     Waits with :func:`ray.wait` and a deadline, so a run never hangs. The first error
     names its device; when several actors fail together (one dies, its peers then lose
@@ -145,7 +154,7 @@ def gather(
     results: list[Any] = [None] * len(refs)
     pending = list(refs)
     deadline = time.monotonic() + timeout_s
-    errors: list[tuple[int, str]] = []
+    errors: list[tuple[int, str, bool]] = []
     grace_end = float("inf")
     while pending:
         left = deadline - time.monotonic()
@@ -160,9 +169,10 @@ def gather(
                 results[i] = ray.get(ref, timeout=10)
             except (RayTaskError, RayActorError, GetTimeoutError) as exc:
                 grace_end = min(grace_end, time.monotonic() + ERROR_GRACE_S)
-                errors.append((_rank_of_error(exc), describe(device_ids[i], exc)))
+                errors.append((_rank_of_error(exc), describe(device_ids[i], exc), recurs(exc)))
     if errors:
-        raise WorkerError(min(errors)[1])
+        _, message, recurring = min(errors)
+        raise RecurringFailure(message) if recurring else WorkerError(message)
     if pending:
         slow = ", ".join(device_ids[index[r]] for r in pending)
         raise WorkerError(f"{slow}: no answer to {what} within {timeout_s:.0f} s")

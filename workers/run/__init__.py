@@ -1,4 +1,4 @@
-"""A run's life in the driver: the step loop, checkpoints, recovery, re-planning, faults.
+"""A run's life in the driver: settings and hooks, the step loop, checkpoints, recovery, faults.
 
 May import workers.cluster, workers.runtime and everything below them.
 """

@@ -1,142 +1,189 @@
-"""A job's life in the driver: train, checkpoint, and recover from lost devices.
+"""A job's life in the driver: its runs, one after another, until every step is done.
 
-DESIGN.md, "A job's life": :func:`train_job` runs the driver loop
-(:func:`workers.run.driver.run`) with checkpoints, and when a device's worker
-dies, its Ray node is lost or a collective times out, it does not end the
-job: it gives the run's workers back to the pool, asks the caller for a new
-plan of the same global batch on the devices still usable (a crashed
-process on a live device gets a new worker; a lost device is left out),
-restores the last checkpoint into the new plan and goes on from the step
-after it. The data order is a function of seed and step, so the recovered
-job trains exactly as an uninterrupted one; the steps after the checkpoint
-are run again and their records replace the earlier ones (``on_step`` sees
-them twice). Each recovery is reported as a :class:`Recovery`.
-
-A device left out as lost that comes back (its Ray node is alive again, or
-a simulated device is restored) is taken back at the job's next checkpoint:
-the same global batch is planned on it and the rest and, when the predicted
-gain over the remaining steps pays for the restart, the job goes on from that
-checkpoint on the new plan (a ``replan`` decision, as for speed changes).
-
-An error that would recur — out of memory from the plan, a diverged loss —
-is not retried; nor is anything past ``max_failures`` recoveries.
+DESIGN.md, "A job's life": a failed device does not end the job, a device that came
+back is taken back at a checkpoint, and a re-plan that moves model states goes
+through a checkpoint; the data order is a function of seed and step, so the job
+trains exactly as an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from scheduler.planning.plan import Plan
 from scheduler.replan.decision import ReplanDecision, ReplanSettings
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.cluster.pool import WorkerPool
 from workers.errors import WorkerError
-from workers.records import StepMetrics, TrainResult, median_devices, val_losses
-from workers.run import driver
-from workers.run.driver import Checkpointing, Validation
+from workers.records import Recovery, StepMetrics, TrainResult, median_devices, val_losses
+from workers.run.config import RunConfig
+from workers.run.driver import Run, RunSetup
+from workers.run.failures import FailureAction, FailurePolicy
 from workers.run.faults import FaultInjector
+from workers.run.hooks import RunHooks
 from workers.run.replanning import Replanner
 from workers.runtime.spec import RankSpec, RunSpec
 
-RECURRING = ("out of memory", "diverged", "checkpoint:", "dataset:", "plan:")
-"""Messages of errors a retry would meet again."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Recovery:
-    """One recovery from a failure, as the job record and the dashboard show it."""
+class PendingRecovery:
+    """A recovery waiting for its first step: its record, but for the time it took."""
 
-    time_s: float
-    """When the failure was noticed (epoch seconds)."""
-    error: str
-    failed_step: int
-    """The step that did not complete."""
-    resumed_step: int
-    """The first step run again (the one after the restored checkpoint)."""
-    lost: tuple[str, ...]
-    """Devices left out because they are gone."""
-    old_plan: dict[str, Any]
-    new_plan: dict[str, Any]
-    recover_s: float
-    """From noticing the failure to the end of the first step after it."""
+    noticed_at: float
+    """``time.monotonic()`` when the failure was noticed."""
+    recovery: Recovery
+    """With ``recover_s`` still 0."""
 
-    @property
-    def steps_redone(self) -> int:
-        return self.failed_step - self.resumed_step
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "time_s": self.time_s,
-            "error": self.error,
-            "failed_step": self.failed_step,
-            "resumed_step": self.resumed_step,
-            "steps_redone": self.steps_redone,
-            "lost": list(self.lost),
-            "old_plan": self.old_plan,
-            "new_plan": self.new_plan,
-            "recover_s": self.recover_s,
-        }
+    def done(self) -> Recovery:
+        return replace(self.recovery, recover_s=time.monotonic() - self.noticed_at)
 
 
-def is_recurring(error: WorkerError) -> bool:
-    text = str(error)
-    return any(marker in text for marker in RECURRING)
+class Job:
+    """Steps ``0 … steps-1`` of one job (from after ``restore`` when given), across as many
+    :class:`~workers.run.driver.Run` as it takes. Owns the record of every step, the plan
+    in force, the failure budget, the devices left out as lost and the recovery waiting
+    for its first step.
 
+    When a device's worker dies, its Ray node is lost or a collective times out, the job
+    gives the run's workers back to the pool, asks ``replan(lost)`` for a plan of the same
+    global batch on the devices still usable (a crashed process on a live device gets a
+    new worker; a lost device is left out), restores the last checkpoint into it and goes
+    on from the step after it. Steps run again replace their earlier records
+    (``on_step`` sees them twice); each recovery is reported once its first step is done.
+    What to do about a failure is :class:`~workers.run.failures.FailurePolicy`'s call.
 
-def train_job(
-    pool: WorkerPool,
-    *,
-    run_spec: RunSpec,
-    plan: Plan,
-    steps: int,
-    ranks_of: Callable[[Plan], Sequence[RankSpec]],
-    replan: Callable[[set[str]], Plan],
-    checkpointing: Checkpointing | None,
-    max_failures: int = 3,
-    restore: CheckpointInfo | None = None,
-    on_step: Callable[[StepMetrics], None] | None = None,
-    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
-    on_recovery: Callable[[Recovery], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    faults: FaultInjector | None = None,
-    replanner: Replanner | None = None,
-    on_replan: Callable[[ReplanDecision], None] | None = None,
-    keep_state: bool = False,
-    validation: Validation | None = None,
-) -> TrainResult:
-    """Train steps ``0 … steps-1`` (from after ``restore`` when given), surviving failures.
-
-    ``ranks_of(plan)`` builds a plan's rank specs; ``replan(lost)`` plans the
-    same global batch without the ``lost`` devices (it raises when nothing is
-    left). Without ``checkpointing`` nothing is recovered and a re-plan happens only
-    in place. ``faults`` and ``replanner`` go to every run (:func:`workers.run.driver.run`);
-    a re-plan that needs a restart goes on from the checkpoint written where it
-    was decided. Returns the result over every step, one record per step.
+    A device left out as lost that comes back (its Ray node is alive again, or a simulated
+    device is restored) is taken back at the next checkpoint when the predicted gain over
+    the remaining steps pays for the restart (a ``replan`` decision, as for speed changes).
     """
-    by_step: dict[int, StepMetrics] = {}
-    last_step = -1  # the last step done by the current attempt
-    failures: list[str] = []
-    pending: dict[str, Any] | None = None  # a recovery waiting for its first step
-    stopped = False
-    initial = restore
-    left_out: set[str] = set()  # devices lost during this job, until they come back
-    min_gain = ReplanSettings().min_relative_gain
 
-    def take_back(step: int, current: Plan, restart_s: float) -> ReplanDecision | None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        run_spec: RunSpec,
+        plan: Plan,
+        steps: int,
+        ranks_of: Callable[[Plan], Sequence[RankSpec]],
+        replan: Callable[[set[str]], Plan],
+        config: RunConfig,
+        hooks: RunHooks,
+        restore: CheckpointInfo | None,
+    ) -> None:
+        checkpointing = config.checkpointing
+        self.setup = RunSetup(
+            pool=pool,
+            run_spec=run_spec,
+            config=config,
+            hooks=hooks,
+            store=CheckpointStore(checkpointing.root) if checkpointing is not None else None,
+            faults=FaultInjector(config.faults, pool) if config.faults else None,
+            replanner=Replanner(config.live) if config.live is not None else None,
+        )
+        self.plan = plan
+        self.steps = steps
+        self.ranks_of = ranks_of
+        self.replan = replan
+        """Plans the same global batch without the given lost devices (raises when none is left)."""
+        self.restore = restore
+        self.initial = restore
+        """Where the job started: a recovery before its first checkpoint restarts from here."""
+        self.by_step: dict[int, StepMetrics] = {}
+        self.last_step = -1
+        """The last step done by the current run."""
+        self.left_out: set[str] = set()
+        """Devices lost during this job, until they come back."""
+        self.pending: PendingRecovery | None = None
+        self.failures = FailurePolicy(
+            max_failures=config.max_failures, durable=checkpointing is not None
+        )
+        self.min_gain = ReplanSettings().min_relative_gain
+
+    def train(self) -> TrainResult:
+        """Run until every step is done or a stop; the result over every step."""
+        try:
+            while True:
+                run = self._next_run()
+                try:
+                    result = run.train()
+                except WorkerError as exc:
+                    self._recover(exc)
+                    continue
+                if run.next_plan is None or self.setup.store is None:
+                    return self._result(result)
+                self.plan = run.next_plan  # a re-plan through the checkpoint just written
+                self.restore = self.setup.store.latest()
+        finally:
+            if self.setup.faults is not None:
+                self.setup.faults.finish()
+
+    def _next_run(self) -> Run:
+        start = self.restore.step + 1 if self.restore is not None else 0
+        self.last_step = start - 1
+        return Run(
+            self.setup,
+            plan=self.plan,
+            ranks=self.ranks_of(self.plan),
+            first_step=start,
+            num_steps=max(0, self.steps - start),
+            restore=self.restore,
+            on_step=self._seen,
+            take_back=self._take_back if self.left_out else None,
+        )
+
+    def _seen(self, metrics: StepMetrics) -> None:
+        self.by_step[metrics.step] = metrics
+        self.last_step = metrics.step
+        self.setup.hooks.on_step(metrics)
+        if self.pending is not None:
+            recovery, self.pending = self.pending.done(), None
+            self.setup.hooks.on_recovery(recovery)
+
+    def _recover(self, error: WorkerError) -> None:
+        """Re-plan around a failed run and restore the last checkpoint, or raise."""
+        noticed, noticed_s = time.monotonic(), time.time()
+        failed_step = self.last_step + 1
+        decision = self.failures.decide(error, step=failed_step)
+        if decision.action is FailureAction.RAISE:
+            raise error
+        if decision.action is FailureAction.GIVE_UP:
+            raise WorkerError(decision.reason) from error
+        lost = self.setup.pool.lost(probe=True) & {d.id for d in self.plan.devices}
+        self.left_out.update(lost)
+        new_plan = self.replan(self.left_out)
+        assert self.setup.store is not None  # a durable job: FailurePolicy retries no other
+        self.restore = self.setup.store.latest() or self.initial
+        self.pending = PendingRecovery(
+            noticed_at=noticed,
+            recovery=Recovery(
+                time_s=noticed_s,
+                error=str(error),
+                failed_step=failed_step,
+                resumed_step=self.restore.step + 1 if self.restore is not None else 0,
+                lost=tuple(sorted(lost)),
+                old_plan=self.plan.to_dict(),
+                new_plan=new_plan.to_dict(),
+                recover_s=0.0,
+            ),
+        )
+        self.plan = new_plan
+
+    def _take_back(self, step: int, current: Plan, restart_s: float) -> ReplanDecision | None:
         """At a checkpoint: go on with the devices that came back, when it pays."""
-        back = left_out - pool.lost()
+        back = self.left_out - self.setup.pool.lost()
         if not back:
             return None
-        new_plan = replan(left_out - back)
-        steps_left = max(0, steps - step - 1)
+        new_plan = self.replan(self.left_out - back)
+        steps_left = max(0, self.steps - step - 1)
         gain_s = current.predicted_step_s - new_plan.predicted_step_s
-        switch = gain_s > min_gain * current.predicted_step_s and gain_s * steps_left > restart_s
-        left_out.difference_update(back)  # asked once: a later recovery may still use them
+        switch = (
+            gain_s > self.min_gain * current.predicted_step_s and gain_s * steps_left > restart_s
+        )
+        self.left_out.difference_update(back)  # asked once: a later recovery may still use them
         if not switch:  # too close to the end: the plan in force stays, and its record
-            replan(left_out | back)
+            self.replan(self.left_out | back)
             return None
         return ReplanDecision(
             step=step,
@@ -155,82 +202,17 @@ def train_job(
             switch_cost_s=restart_s,
         )
 
-    def seen(metrics: StepMetrics) -> None:
-        nonlocal pending, last_step
-        by_step[metrics.step] = metrics
-        last_step = metrics.step
-        if on_step is not None:
-            on_step(metrics)
-        if pending is not None:
-            recovery = Recovery(recover_s=time.monotonic() - pending.pop("started"), **pending)
-            pending = None
-            if on_recovery is not None:
-                on_recovery(recovery)
-
-    while True:
-        start = restore.step + 1 if restore is not None else 0
-        last_step = start - 1
-        try:
-            result = driver.run(
-                pool,
-                run_spec=run_spec,
-                ranks=ranks_of(plan),
-                plan=plan,
-                steps=max(0, steps - start),
-                start_step=start,
-                restore=restore,
-                checkpointing=checkpointing,
-                on_step=seen,
-                on_checkpoint=on_checkpoint,
-                should_stop=should_stop,
-                faults=faults,
-                replanner=replanner,
-                on_replan=on_replan,
-                at_checkpoint=take_back if left_out else None,
-                keep_state=keep_state,
-                validation=validation,
-            )
-            stopped = result.stopped
-            if result.next_plan is None or checkpointing is None:
-                break
-            plan = result.next_plan  # a re-plan through the checkpoint just written
-            restore = CheckpointStore(checkpointing.root).latest()
-        except WorkerError as exc:
-            noticed, noticed_s = time.monotonic(), time.time()
-            failed_step = last_step + 1
-            if is_recurring(exc) or checkpointing is None:
-                raise
-            failures.append(f"step {failed_step}: {exc}")
-            if len(failures) > max_failures:
-                raise WorkerError(
-                    f"{len(failures)} failures, more than max_failures {max_failures}: "
-                    + "; ".join(failures)
-                ) from exc
-            lost = pool.lost(probe=True) & {d.id for d in plan.devices}
-            left_out.update(lost)
-            new_plan = replan(left_out)
-            # Before the job's first checkpoint, start again from where it started.
-            restore = CheckpointStore(checkpointing.root).latest() or initial
-            pending = {
-                "started": noticed,
-                "time_s": noticed_s,
-                "error": str(exc),
-                "failed_step": failed_step,
-                "resumed_step": restore.step + 1 if restore is not None else 0,
-                "lost": tuple(sorted(lost)),
-                "old_plan": plan.to_dict(),
-                "new_plan": new_plan.to_dict(),
-            }
-            plan = new_plan
-    history = [by_step[s] for s in sorted(by_step)]
-    final_ids = [d.id for d in history[-1].devices] if history else []
-    final_plan_steps = [m for m in history if [d.id for d in m.devices] == final_ids]
-    return TrainResult(
-        steps_done=len(history),
-        losses=[m.loss for m in history],
-        val_losses=val_losses(history),
-        step_times_s=[m.step_s for m in history],
-        devices=median_devices(final_plan_steps),
-        stopped=stopped,
-        state=result.state,
-    )
+    def _result(self, last_run: TrainResult) -> TrainResult:
+        """Over every step, one record each; device medians over the final plan's steps."""
+        history = [self.by_step[s] for s in sorted(self.by_step)]
+        final_ids = [d.id for d in history[-1].devices] if history else []
+        final_plan_steps = [m for m in history if [d.id for d in m.devices] == final_ids]
+        return TrainResult(
+            steps_done=len(history),
+            losses=[m.loss for m in history],
+            val_losses=val_losses(history),
+            step_times_s=[m.step_s for m in history],
+            devices=median_devices(final_plan_steps),
+            stopped=last_run.stopped,
+            state=last_run.state,
+        )

@@ -1,15 +1,8 @@
 """Live re-planning in the driver: when a device's speed changes, the split follows it.
 
-Each step the driver hands the :class:`Replanner` the plan that ran and every
-device's measured busy time. Its :class:`scheduler.replan.speed.SpeedMonitor` says
-when a device's speed changed for good (a robust level with hysteresis: never
-one slow step, never an oscillation); then :func:`scheduler.replan.decision.decide_replan`
-plans the same global batch under the live profile and switches only when
-the predicted gain over the remaining steps beats the cost of switching.
-Data-parallel plans switch in place between two steps (each worker takes its
-new share, the global sample order is untouched, so the loss curve is the
-one without re-planning); pipelines switch through a checkpoint
-(:func:`workers.run.job.train_job` restarts from it on the new plan).
+Data-parallel plans switch in place between two steps (the global sample order is
+untouched, so the loss curve is the one without re-planning); pipelines switch
+through a checkpoint (:class:`workers.run.job.Job` restarts from it on the new plan).
 """
 
 from __future__ import annotations
@@ -37,6 +30,12 @@ class LiveReplanning:
 
 
 class Replanner:
+    """Owns a job's speed monitor: each step the run hands it the plan that ran and every
+    device's measured busy time; its :class:`scheduler.replan.speed.SpeedMonitor` says
+    when a device's speed changed for good (a robust level with hysteresis: never one
+    slow step, never an oscillation), and :func:`scheduler.replan.decision.decide_replan`
+    switches only when the predicted gain over the remaining steps beats the cost."""
+
     def __init__(self, config: LiveReplanning) -> None:
         self.config = config
         self.monitor = SpeedMonitor(config.profile, config.speed)
