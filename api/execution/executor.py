@@ -14,8 +14,8 @@ import time
 from datetime import UTC, datetime
 
 from api.core.settings import Settings
-from api.execution.job_runner import JobRunner, LiveJob
-from api.execution.ledger import DeviceLedger
+from api.execution.job_runner import JobRunner
+from api.execution.ledger import DeviceLedger, LiveJob
 from api.execution.scheduling import (
     PINNED,
     Demands,

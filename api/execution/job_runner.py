@@ -8,12 +8,12 @@ step, checkpoint, recovery, re-plan and restart goes to the job store (``GET
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from api.core.settings import Settings
+from api.execution.ledger import LiveJob
 from api.services import (
     ClusterHandle,
     Profiler,
@@ -40,34 +40,6 @@ if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
     )
 
 MAX_CHECKPOINT_EVERY = 50
-
-
-@dataclass(kw_only=True, slots=True)
-class LiveJob:
-    """What the dashboard and /metrics read about a running job without the database."""
-
-    job_id: str
-    devices: list[str]
-    stop: threading.Event = field(default_factory=threading.Event)
-    step_s: float | None = None
-    samples_per_s: float | None = None
-    steps_done: int = 0
-    device_steps: dict[str, tuple[float, float, int]] = field(default_factory=dict)
-    """id -> (busy_s, wait_s, peak_bytes) of the latest step."""
-    thread: threading.Thread | None = None
-    pinned: bool = False
-    """It named its devices: the policy never moves it."""
-    granted: list[str] = field(default_factory=list)
-    """What the policy last gave it (its plan may leave some of them out)."""
-    move_to: list[str] | None = None
-    """Devices the policy moves it to at its next step boundary; None: it stays."""
-    move_reason: str = ""
-    move: threading.Event = field(default_factory=threading.Event)
-    """Set when it should checkpoint and hand its devices over (see ``move_to``)."""
-
-    def pausing(self) -> bool:
-        """Checked between steps: stop for good, or for a move."""
-        return self.stop.is_set() or self.move.is_set()
 
 
 def checkpoint_every(steps: int, asked: int | None) -> int:
@@ -100,10 +72,6 @@ class JobRunner:
     claim: Callable[[LiveJob, list[str]], list[str]]
     """Atomically: of these devices, those no other job holds become the job's."""
 
-    def root(self, job_id: str) -> str:
-        """The job's checkpoint location: the one place it comes from."""
-        return f"{self.settings.checkpoint_root}/{job_id}"
-
     def run(
         self, job: JobRecord, live: LiveJob, *, resume: bool, moved: bool = False
     ) -> TrainResult | None:
@@ -135,7 +103,7 @@ class JobRunner:
         self.record_plan(job, live, plan)
         if live.stop.is_set():
             return None
-        checkpoints = CheckpointStore(self.root(job.id))
+        checkpoints = CheckpointStore(self.settings.job_checkpoints(job.id))
         if moved:  # None: it moved before its first checkpoint
             restore = checkpoints.latest()
         else:
@@ -228,7 +196,7 @@ class JobRunner:
         other, _, step = job.spec.init_from.partition("@")
         if self.store.get(other) is None:
             raise HetschedError(f"init_from: no job {other!r}")
-        source = CheckpointStore(self.root(other))
+        source = CheckpointStore(self.settings.job_checkpoints(other))
         info = source.get(int(step)) if step else source.latest()
         if info is None:
             raise HetschedError(f"init_from: job {other} has no checkpoint")
@@ -252,7 +220,7 @@ class JobRunner:
             directory,
             model=builder.model,
             ref=f"hf:{name}",
-            uri=f"{self.root(job.id)}/init-hf",
+            uri=f"{self.settings.job_checkpoints(job.id)}/init-hf",
             manifest={"job": job.id, "init_from": f"hf:{name}"},
         )
         self.store.log(job.id, "INFO", f"starting from the Hugging Face weights in {name}")

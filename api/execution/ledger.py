@@ -9,13 +9,39 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-
-from api.execution.job_runner import LiveJob
+from dataclasses import dataclass, field
 
 HANDOVER_POLL_S = 0.2
 """A parked job looks again this often even without a notification (a stop event set
 by a caller that did not come through the ledger)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LiveJob:
+    """What the dashboard and /metrics read about a running job without the database."""
+
+    job_id: str
+    devices: list[str]
+    stop: threading.Event = field(default_factory=threading.Event)
+    step_s: float | None = None
+    samples_per_s: float | None = None
+    steps_done: int = 0
+    device_steps: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    """id -> (busy_s, wait_s, peak_bytes) of the latest step."""
+    thread: threading.Thread | None = None
+    pinned: bool = False
+    """It named its devices: the policy never moves it."""
+    granted: list[str] = field(default_factory=list)
+    """What the policy last gave it (its plan may leave some of them out)."""
+    move_to: list[str] | None = None
+    """Devices the policy moves it to at its next step boundary; None: it stays."""
+    move_reason: str = ""
+    move: threading.Event = field(default_factory=threading.Event)
+    """Set when it should checkpoint and hand its devices over (see ``move_to``)."""
+
+    def pausing(self) -> bool:
+        """Checked between steps: stop for good, or for a move."""
+        return self.stop.is_set() or self.move.is_set()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
-from api.execution.job_runner import LiveJob
+from api.execution.ledger import LiveJob
 from api.schemas.jobs import JobCreate
 from api.services import model_from_ref, model_key
 from api.store import JobRecord, JobStore

@@ -18,7 +18,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.deps import AppState
-from api.execution.job_runner import LiveJob
+from api.execution.ledger import LiveJob
 from scheduler.hardware.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from api.execution.job_runner import LiveJob
-from api.execution.ledger import DeviceLedger, Handover
+from api.execution.ledger import DeviceLedger, Handover, LiveJob
 
 JOIN_S = 10.0
 """Only a bound for a test that would otherwise hang; no claim is timed."""

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.execution.job_runner import LiveJob
+from api.execution.ledger import LiveJob
 
 JOBS = "/api/v1/jobs"
 STABLE = {
