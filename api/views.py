@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from api.execution.executor import Executor
+from api.execution.scheduling import ScheduledJob
 from api.schemas.cluster import ClusterPublic, DevicePublic, MeasuredSpeed, NodePublic
 from api.schemas.jobs import AllocationPublic, JobEventPublic, JobPublic
 from api.schemas.plans import PlanPublic
 from api.schemas.profiles import ProfilePublic
+from api.schemas.schedule import ScheduledJobPublic
 from api.services import ClusterHandle
 from api.store import EventRecord, JobRecord, JobStore, ProfileRecord
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.planning.plan import Plan
+
+
+def same_named(record: object, model: type[BaseModel]) -> dict[str, Any]:
+    """The record's attributes that ``model`` has a field of the same name for.
+
+    A record and its public model share most fields; this copies those once, so a
+    converter names only what it renames or derives.
+    """
+    return {name: getattr(record, name) for name in model.model_fields if hasattr(record, name)}
+
+
+def scheduled_job_public(row: ScheduledJob) -> ScheduledJobPublic:
+    return ScheduledJobPublic.model_validate(
+        {**same_named(row, ScheduledJobPublic), "id": row.job_id}
+    )
 
 
 def plan_public(plan: Plan) -> PlanPublic:
@@ -25,33 +44,20 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
     samples_per_s = None
     if job.measured_step_s:
         samples_per_s = job.spec.global_batch / job.measured_step_s
-    return JobPublic(
-        id=job.id,
-        name=job.name,
-        model_name=job.model_name,
-        state=job.state,
-        message=job.message,
-        spec=job.spec,
-        submission_id=job.submission_id,
-        devices=job.devices,
-        plan=plan_public(job.plan) if job.plan else None,
-        steps=job.spec.steps,
-        steps_done=job.steps_done,
-        progress=min(1.0, job.steps_done / job.spec.steps),
-        last_loss=job.last_loss,
-        samples_per_s=samples_per_s,
-        predicted_step_s=job.predicted_step_s,
-        measured_step_s=job.measured_step_s,
-        stop_requested=job.stop_requested,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        ended_at=job.ended_at,
-        events=[
-            JobEventPublic(time=e.time, kind=e.kind, step=e.step, data=e.data)  # type: ignore[arg-type]
-            for e in events
-            if e.kind != "allocation"
-        ],
-        allocations=[allocation_public(e) for e in events if e.kind == "allocation"],
+    return JobPublic.model_validate(
+        {
+            **same_named(job, JobPublic),
+            "plan": plan_public(job.plan) if job.plan else None,
+            "steps": job.spec.steps,
+            "progress": min(1.0, job.steps_done / job.spec.steps),
+            "samples_per_s": samples_per_s,
+            "events": [
+                JobEventPublic.model_validate(e, from_attributes=True)
+                for e in events
+                if e.kind != "allocation"
+            ],
+            "allocations": [allocation_public(e) for e in events if e.kind == "allocation"],
+        }
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -125,6 +126,17 @@ def _job_row(job: dict[str, Any]) -> list[str]:
 JOB_HEADER = ["ID", "NAME", "STATE", "STEPS", "LOSS", "SAMPLES/S", "MESSAGE"]
 
 
+def _show(
+    args: argparse.Namespace, doc: dict[str, Any], summary: Callable[[dict[str, Any]], None]
+) -> int:
+    """Print ``doc`` as JSON with ``--json``, else as ``summary`` writes it; exit 0."""
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        summary(doc)
+    return 0
+
+
 def _print_job(job: dict[str, Any]) -> None:
     spec = job["spec"]
     model = spec["model"] if isinstance(spec["model"], str) else job["model_name"]
@@ -179,11 +191,7 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.submission_id:
         body["submission_id"] = args.submission_id
     job = request(args, "POST", "/jobs", json=body)
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        print(f"submitted job {job['id']} ({job['name']}): {job['state']}")
-    return 0
+    return _show(args, job, lambda j: print(f"submitted job {j['id']} ({j['name']}): {j['state']}"))
 
 
 def run_jobs(args: argparse.Namespace) -> int:
@@ -203,18 +211,9 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    job = request(args, "GET", f"/jobs/{quote(args.job_id, safe='')}")
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        _print_job(job)
-    return 0
+    return _show(args, request(args, "GET", f"/jobs/{quote(args.job_id, safe='')}"), _print_job)
 
 
 def run_stop(args: argparse.Namespace) -> int:
     job = request(args, "POST", f"/jobs/{quote(args.job_id, safe='')}/stop")
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        print(f"job {job['id']}: {job['state']} ({job['message']})")
-    return 0
+    return _show(args, job, lambda j: print(f"job {j['id']}: {j['state']} ({j['message']})"))

@@ -159,15 +159,7 @@ class JobRunner:
     def _optimizer(job: JobRecord) -> OptimizerConfig:
         from workers.session import OptimizerConfig
 
-        opt = job.spec.optimizer
-        return OptimizerConfig(
-            lr=opt.lr,
-            weight_decay=opt.weight_decay,
-            warmup_steps=opt.warmup_steps,
-            decay_steps=opt.decay_steps,
-            min_lr_ratio=opt.min_lr_ratio,
-            grad_clip=opt.grad_clip,
-        )
+        return OptimizerConfig(**job.spec.optimizer.model_dump())
 
     def _restore(
         self, job: JobRecord, builder: RunBuilder, checkpoints: CheckpointStore, *, resume: bool

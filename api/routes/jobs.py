@@ -13,7 +13,6 @@ from api.execution.scheduling import check_device_counts
 from api.schemas.jobs import (
     CheckpointPublic,
     CheckpointsPublic,
-    DeviceStepPublic,
     JobCreate,
     JobLogsPublic,
     JobMetricsPublic,
@@ -157,18 +156,7 @@ def read_metrics(
     """Per-step loss (and validation loss where evaluated), step time, throughput and
     per-device busy/wait/peak, from ``since``."""
     steps = store.steps(job.id, since=since)
-    data = [
-        StepPublic(
-            step=s.step,
-            loss=s.loss,
-            val_loss=s.val_loss,
-            step_s=s.step_s,
-            samples_per_s=s.samples_per_s,
-            devices=[DeviceStepPublic.model_validate(d) for d in s.devices],
-            time=s.time,
-        )
-        for s in steps
-    ]
+    data = [StepPublic.model_validate(s, from_attributes=True) for s in steps]
     return JobMetricsPublic(job_id=job.id, data=data, count=len(data))
 
 

@@ -5,24 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import StateDep
-from api.execution.scheduling import ScheduledJob
-from api.schemas.schedule import ScheduledJobPublic, SchedulePublic
+from api.schemas.schedule import SchedulePublic
+from api.views import scheduled_job_public
 
 router = APIRouter(prefix="/schedule", tags=["schedule"])
-
-
-def _job(row: ScheduledJob) -> ScheduledJobPublic:
-    return ScheduledJobPublic(
-        id=row.job_id,
-        name=row.name,
-        status=row.status,
-        held=list(row.held),
-        devices=list(row.devices),
-        samples_per_s=row.samples_per_s,
-        reason=row.reason,
-        priority=row.priority,
-        waiting_s=row.waiting_s,
-    )
 
 
 @router.get("", response_model=SchedulePublic)
@@ -48,7 +34,7 @@ def read_schedule(state: StateDep) -> SchedulePublic:
     for device, job_id in busy.items():
         allocation.setdefault(job_id, []).append(device)
     ids = state.handle.cluster.ids if state.handle.cluster is not None else []
-    jobs = [_job(row) for row in schedule.jobs]
+    jobs = [scheduled_job_public(row) for row in schedule.jobs]
     return SchedulePublic(
         policy=schedule.policy,
         round_s=schedule.round_s,
