@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.cli import main
 from api.core.settings import DEFAULT_CLUSTER, Settings
 from scheduler.hardware.cluster import load_cluster
 
@@ -30,6 +31,13 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``hetsched ARGV...`` in this process: its exit code, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
 from scheduler.clustersim.trace import load_trace
+from tests.api.conftest import run_cli
 
 CLUSTER = """
 name: tiny-mix
@@ -31,19 +31,18 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return cluster, trace
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+def _simulate(
+    capsys: pytest.CaptureFixture[str], files: tuple[Path, Path], *extra: str
+) -> tuple[int, str, str]:
+    """``hetsched cluster-sim`` over the fixture's cluster and trace."""
+    cluster, trace = files
+    return run_cli(capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace), *extra)
 
 
 def test_json_is_one_object_of_the_documented_shape(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster, trace = files
-    code, out, _ = run_cli(
-        capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace), "--json"
-    )
+    code, out, _ = _simulate(capsys, files, "--json")
     assert code == 0
     doc = json.loads(out)
     assert set(doc) == {"cluster", "trace", "policies"}
@@ -63,17 +62,7 @@ def test_json_is_one_object_of_the_documented_shape(
 def test_table_compares_policies_with_fifo(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster, trace = files
-    code, out, err = run_cli(
-        capsys,
-        "cluster-sim",
-        "--cluster",
-        str(cluster),
-        "--trace",
-        str(trace),
-        "--policy",
-        "fifo,goodput",
-    )
+    code, out, err = _simulate(capsys, files, "--policy", "fifo,goodput")
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "3 jobs of t.csv on tiny-mix (4 devices)"
@@ -87,20 +76,8 @@ def test_chart_is_a_png(
     files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("matplotlib")
-    cluster, trace = files
     png = tmp_path / "jct.png"
-    code, _, _ = run_cli(
-        capsys,
-        "cluster-sim",
-        "--cluster",
-        str(cluster),
-        "--trace",
-        str(trace),
-        "--chart",
-        str(png),
-        "--policy",
-        "fair",
-    )
+    code, _, _ = _simulate(capsys, files, "--chart", str(png), "--policy", "fair")
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -128,10 +105,7 @@ def test_generate_writes_a_trace_the_simulator_reads(
 def test_bad_options_are_one_line_errors(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
-    cluster, trace = files
-    code, out, err = run_cli(
-        capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace), *extra
-    )
+    code, out, err = _simulate(capsys, files, *extra)
     assert code == 2 and out == ""
     assert err.startswith("hetsched: error: ") and message in err and err.count("\n") == 1
 
@@ -139,9 +113,9 @@ def test_bad_options_are_one_line_errors(
 def test_a_bad_trace_row_names_row_and_column(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster, trace = files
+    _, trace = files
     trace.write_text(TRACE + "broken,90,gpt2-small,-4,10,,,\n")
-    code, _, err = run_cli(capsys, "cluster-sim", "--cluster", str(cluster), "--trace", str(trace))
+    code, _, err = _simulate(capsys, files)
     assert code == 2
     assert err == (
         "hetsched: error: trace row 5, column global_batch: must be an integer >= 1, got '-4'\n"

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.cli import main
 from api.commands.prepare_data import train_tokenizer
 from api.core.db import make_engine
 from api.schemas.jobs import JobCreate
 from api.store import JobStore
 from scheduler.models.hf_config import hf_config_from_preset
 from scheduler.models.presets import get_preset, preset_to_dict
-from tests.api.conftest import make_settings
+from tests.api.conftest import make_settings, run_cli
 from tests.support import make_cluster, manual_plan
 from workers.models.families import build_model
 
@@ -26,12 +25,6 @@ pytest.importorskip("tokenizers")
 
 LLAMA = get_preset("llama-tiny")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_export_a_torch_checkpoint_loads_in_transformers(

@@ -15,16 +15,11 @@ from scheduler.hardware.catalogue import CATALOGUE
 from scheduler.hardware.cluster import load_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import STRATEGIES, make_plan
+from tests.api.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED_LAB = ROOT / "deploy" / "clusters" / "mixed-lab.yaml"
 HETSCHED = Path(sys.executable).parent / "hetsched"
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_gpus_table_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from api.cli import main
 from scheduler.models.presets import get_preset
+from tests.api.conftest import run_cli
 from workers.data.datafile import inspect_dataset
 from workers.data.dataset import DEFAULT_CORPUS, open_dataset
 from workers.models.families import build_model
@@ -29,12 +29,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -80,18 +80,23 @@ def pool():
     p.shutdown()
 
 
-@pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
-def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir, pool):
-    result = train(
+def _train(plan: Plan, cache_dir, pool, *, optimizer: OptimizerConfig = OPT):
+    """``plan`` for STEPS steps on the module's cluster and pool, from SEED."""
+    return train(
         cluster=CLUSTER,
         model=TINY,
         plan=plan,
         steps=STEPS,
         seed=SEED,
-        optimizer=OPT,
+        optimizer=optimizer,
         cache_dir=cache_dir,
         pool=pool,
     )
+
+
+@pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
+def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir, pool):
+    result = _train(plan, cache_dir, pool)
     assert result.steps_done == STEPS
     assert result.losses == pytest.approx(single_device_losses(), rel=1e-4)
     assert {d.id for d in result.devices} == {d.id for d in plan.devices}
@@ -116,16 +121,7 @@ def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan
     """The global norm is summed over every device and stage, so clipping is the same."""
     want = single_device_losses(SCHEDULED)
     assert want != pytest.approx(single_device_losses(), rel=1e-4), "the settings change training"
-    result = train(
-        cluster=CLUSTER,
-        model=TINY,
-        plan=plan,
-        steps=STEPS,
-        seed=SEED,
-        optimizer=SCHEDULED,
-        cache_dir=cache_dir,
-        pool=pool,
-    )
+    result = _train(plan, cache_dir, pool, optimizer=SCHEDULED)
     assert result.losses == pytest.approx(want, rel=1e-4)
 
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.planning.plan import DevicePlan, Plan
-from tests.support import TINY, make_cluster, manual_plan
+from scheduler.planning.plan import Plan
+from tests.support import TINY, make_cluster, manual_plan, pipeline_stage
 from workers.session import (
     Checkpointing,
     CheckpointStore,
@@ -44,17 +44,8 @@ def pp_plan(strategy: str = "pp") -> Plan:
             ("a/2", 1, 1, (2, 4), 6, 6),
         ]
     devices = tuple(
-        DevicePlan(
-            id=i,
-            samples=n,
-            micro_batch=n // 2,
-            accum_steps=2,
-            busy_s=0.0,
-            peak_bytes=0,
-            offset=off,
-            layers=layers,
-            pipeline=pipe,
-            stage=stage,
+        pipeline_stage(
+            i, samples=n, offset=off, num_micro_batches=2, layers=layers, stage=stage, pipeline=pipe
         )
         for i, pipe, stage, layers, off, n in layout
     )
@@ -98,6 +89,30 @@ def _durable(tmp_path, name: str, every: int = 2, max_failures: int = 0) -> RunC
         checkpointing=Checkpointing(root=str(tmp_path / name), every_steps=every, keep_last=2),
         max_failures=max_failures,
     )
+
+
+def _lose_the_t4_once(pool, metrics, hooks: Recorder) -> None:
+    """At step 2 of the first try: a/1 is marked lost and its worker killed, so the next
+    step fails on it."""
+    if metrics.step == 2 and not hooks.recoveries and "a/1" not in pool.lost():
+        pid = pool.pids()["a/1"]
+        pool.mark_lost(["a/1"])
+        os.kill(pid, signal.SIGKILL)
+
+
+def _train_dp_losing_the_t4(pool, cache_dir, tmp_path, name: str, *, hooks: Recorder, replan):
+    """The dp run, checkpointing and allowed one failure; a/1 is back in the pool after."""
+    try:
+        return train(
+            plan=DP,
+            steps=STEPS,
+            **_run_on(pool, cache_dir),
+            config=_durable(tmp_path, name, max_failures=1),
+            hooks=hooks,
+            replan=replan,
+        )
+    finally:
+        pool.mark_lost(["a/1"], lost=False)
 
 
 def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchanged(
@@ -149,28 +164,12 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
 def test_a_lost_device_is_planned_around_and_the_loss_curve_is_unchanged(
     pool, cache_dir, tmp_path, reference
 ) -> None:
-    def lose_the_t4(metrics) -> None:
-        if metrics.step == 2 and not hooks.recoveries and "a/1" not in pool.lost():
-            pid = pool.pids()["a/1"]
-            pool.mark_lost(["a/1"])
-            os.kill(pid, signal.SIGKILL)  # gone already; the next step fails on it
-
     def replan(lost: set[str]) -> Plan:
         assert lost == {"a/1"}
         return WITHOUT_T4
 
-    hooks = Recorder(watch=lose_the_t4)
-    try:
-        result = train(
-            plan=DP,
-            steps=STEPS,
-            **_run_on(pool, cache_dir),
-            config=_durable(tmp_path, "lost", max_failures=1),
-            hooks=hooks,
-            replan=replan,
-        )
-    finally:
-        pool.mark_lost(["a/1"], lost=False)
+    hooks = Recorder(watch=lambda metrics: _lose_the_t4_once(pool, metrics, hooks))
+    result = _train_dp_losing_the_t4(pool, cache_dir, tmp_path, "lost", hooks=hooks, replan=replan)
     assert result.losses == pytest.approx(reference, rel=1e-4)
     (recovery,) = hooks.recoveries
     assert recovery.lost == ("a/1",) and recovery.new_plan == WITHOUT_T4.to_dict()
@@ -185,25 +184,19 @@ def test_a_lost_device_that_comes_back_is_taken_back_at_the_next_checkpoint(
     slower = replace(WITHOUT_T4, predicted_step_s=100.0)
 
     def lose_then_restore(metrics) -> None:
-        if metrics.step == 2 and not hooks.recoveries and "a/1" not in pool.lost():
-            pid = pool.pids()["a/1"]
-            pool.mark_lost(["a/1"])
-            os.kill(pid, signal.SIGKILL)
+        _lose_the_t4_once(pool, metrics, hooks)
         if metrics.step == 4:
             pool.mark_lost(["a/1"], lost=False)  # its node is back
 
     hooks = Recorder(watch=lose_then_restore)
-    try:
-        result = train(
-            plan=DP,
-            steps=STEPS,
-            **_run_on(pool, cache_dir),
-            config=_durable(tmp_path, "back", max_failures=1),
-            hooks=hooks,
-            replan=lambda lost: slower if "a/1" in lost else DP,
-        )
-    finally:
-        pool.mark_lost(["a/1"], lost=False)
+    result = _train_dp_losing_the_t4(
+        pool,
+        cache_dir,
+        tmp_path,
+        "back",
+        hooks=hooks,
+        replan=lambda lost: slower if "a/1" in lost else DP,
+    )
     assert result.losses == pytest.approx(reference, rel=1e-4)
     (recovery,) = hooks.recoveries
     assert recovery.lost == ("a/1",)
