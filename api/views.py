@@ -101,16 +101,17 @@ def cluster_public(
     executor: Executor | None,
 ) -> ClusterPublic:
     cluster = handle.cluster
+    shown = same_named(handle, ClusterPublic)  # available, message, simulated, ray_address
     if cluster is None:
-        return ClusterPublic(
-            name="unavailable",
-            available=False,
-            message=handle.message,
-            simulated=handle.simulated,
-            ray_address=handle.ray_address,
-            links={},
-            nodes=[],
-            num_devices=0,
+        return ClusterPublic.model_validate(
+            {
+                **shown,
+                "name": "unavailable",
+                "available": False,
+                "links": {},
+                "nodes": [],
+                "num_devices": 0,
+            }
         )
     busy = executor.busy_devices() if executor else {}
     live = {job.job_id: job for job in executor.live()} if executor else {}
@@ -150,13 +151,12 @@ def cluster_public(
                 memory_bytes=memory_bytes,
             )
         )
-    return ClusterPublic(
-        name=cluster.name,
-        available=handle.available,
-        message=handle.message,
-        simulated=handle.simulated,
-        ray_address=handle.ray_address,
-        links=cluster.links.to_dict(),
-        nodes=[NodePublic(name=n, devices=devs) for n, devs in nodes.items()],
-        num_devices=len(cluster.devices),
+    return ClusterPublic.model_validate(
+        {
+            **shown,
+            "name": cluster.name,
+            "links": cluster.links.to_dict(),
+            "nodes": [NodePublic(name=n, devices=devs) for n, devs in nodes.items()],
+            "num_devices": len(cluster.devices),
+        }
     )
