@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+from scheduler.errors import SpecError
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.plan import DevicePlan, Plan
@@ -47,6 +48,20 @@ def make_cluster(types: Sequence[str], *, memory_scale: float = 0.01, name: str 
             "simulation": {"memory_scale": memory_scale},
         }
     )
+
+
+def one_line_error(error: type[Exception], parse: Callable[[Any], object], data: Any) -> str:
+    """The message ``parse(data)`` raises ``error`` with, checked to be one line."""
+    with pytest.raises(error) as info:
+        parse(data)
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+def spec_error(data: Any) -> str:
+    """The one-line error a bad cluster spec gets."""
+    return one_line_error(SpecError, parse_cluster, data)
 
 
 def plan_of(strategy: str, devices: Sequence[DevicePlan]) -> Plan:

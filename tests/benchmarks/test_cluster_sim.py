@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -118,27 +119,16 @@ def test_decision_speed_2000_gpus_200_jobs() -> None:
         rates = PlannedRates.for_cluster(cluster)
         cold, cold_cpu, cold_wall = _timed(cluster, pending, policy, rates)
         running = [
-            JobDemand(
-                name=j.name,
-                model=j.model,
-                global_batch=j.global_batch,
+            replace(
+                j,
                 steps_left=j.steps_left * 0.9,
-                max_devices=j.max_devices,
                 held=cold.devices[j.name],
-                arrival_s=j.arrival_s,
                 waiting_s=0.0 if cold.devices[j.name] else 600.0,
             )
             for i, j in enumerate(pending)
             if i % 10  # a tenth finished ...
         ] + [
-            JobDemand(  # ... and as many new ones arrived
-                name=f"new-{i}",
-                model=j.model,
-                global_batch=j.global_batch,
-                steps_left=j.steps_left,
-                max_devices=j.max_devices,
-                arrival_s=1e6,
-            )
+            replace(j, name=f"new-{i}", arrival_s=1e6)  # ... and as many new ones arrived
             for i, j in enumerate(pending)
             if i % 10 == 0
         ]

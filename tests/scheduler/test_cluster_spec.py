@@ -11,6 +11,7 @@ import yaml
 from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import GIB
 from scheduler.hardware.cluster import cluster_to_dict, load_cluster, parse_cluster
+from tests.support import spec_error
 
 DESIGN_EXAMPLE = """
 name: mixed-lab
@@ -43,14 +44,6 @@ def spec(**overrides: Any) -> dict[str, Any]:
     }
     data.update(overrides)
     return data
-
-
-def spec_error(data: Any) -> str:
-    with pytest.raises(SpecError) as info:
-        parse_cluster(data)
-    message = str(info.value)
-    assert "\n" not in message, "errors are one line"
-    return message
 
 
 def test_design_example_parses_into_devices_named_node_slash_index() -> None:

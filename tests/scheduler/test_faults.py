@@ -10,6 +10,7 @@ import yaml
 from scheduler.errors import SpecError
 from scheduler.hardware.cluster import cluster_to_dict, parse_cluster, with_faults
 from scheduler.hardware.faults import Fault, FaultSchedule, parse_fault
+from tests.support import spec_error
 
 IDS = ["node-a/0", "node-a/1", "node-b/0", "node-b/1"]
 
@@ -23,14 +24,6 @@ def spec(faults: Any) -> dict[str, Any]:
         ],
         "simulation": {"memory_scale": 0.0015, "faults": faults},
     }
-
-
-def spec_error(data: Any) -> str:
-    with pytest.raises(SpecError) as info:
-        parse_cluster(data)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def test_spec_faults_become_records_in_spec_order() -> None:

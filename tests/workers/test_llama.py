@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,14 +22,7 @@ from workers.models.llama import Llama
 LLAMA = get_preset("llama-tiny")
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread, as workers use: on a shared 2-core machine more threads
-    contend and a tiny model's step gets about ten times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
