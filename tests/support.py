@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+from scheduler.cost.profile import DeviceProfile
 from scheduler.errors import SpecError
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.models.presets import get_preset
@@ -62,6 +63,23 @@ def one_line_error(error: type[Exception], parse: Callable[[Any], object], data:
 def spec_error(data: Any) -> str:
     """The one-line error a bad cluster spec gets."""
     return one_line_error(SpecError, parse_cluster, data)
+
+
+def unit_device(device_id: str, **changes: Any) -> DeviceProfile:
+    """A device of type X that needs no memory and takes one second a sample; ``changes``
+    set any other field. Its node is the id's part before the slash."""
+    values: dict[str, Any] = {
+        "id": device_id,
+        "node": device_id.split("/")[0],
+        "type": "X",
+        "capacity_bytes": 1,
+        "static_bytes": 0,
+        "per_sample_bytes": 0,
+        "fixed_s": 0.0,
+        "per_sample_s": 1.0,
+    }
+    values.update(changes)
+    return DeviceProfile(**values)
 
 
 def plan_of(strategy: str, devices: Sequence[DevicePlan]) -> Plan:

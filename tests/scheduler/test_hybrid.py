@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.cost.profile import DeviceProfile, analytic_profile
+from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.hybrid import allocate
 from scheduler.planning.planner import make_plan
 from scheduler.planning.stages import Chain, Stage
+from tests.support import unit_device
 
 
 def _cluster(num_nodes: int, per_node: int = 4) -> dict:
@@ -62,16 +63,7 @@ def test_hybrid_shares_are_uneven_when_pipelines_differ():
 
 
 def _chain(total_s: float, slowest_s: float) -> Chain:
-    lone = DeviceProfile(
-        id="x/0",
-        node="x",
-        type="X",
-        capacity_bytes=1,
-        static_bytes=0,
-        per_sample_bytes=0,
-        fixed_s=0.0,
-        per_sample_s=1.0,
-    )
+    lone = unit_device("x/0")
     stages = (
         Stage(device=lone, first=0, last=1, time_s=slowest_s, peak_bytes=0),
         Stage(device=lone, first=1, last=1, time_s=total_s - slowest_s, peak_bytes=0),

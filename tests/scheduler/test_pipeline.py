@@ -31,6 +31,7 @@ from scheduler.planning.stages import (
     stage_time_s,
 )
 from tests.scheduler.clusters import MIXED
+from tests.support import unit_device
 
 
 def _cost(draw: st.DrawFn) -> LayerCost:
@@ -65,19 +66,7 @@ def chains(draw: st.DrawFn) -> tuple[list[DeviceProfile], int, int]:
             head=_cost(draw),
             boundary_bytes_per_sample=8,
         )
-        devices.append(
-            DeviceProfile(
-                id=f"n/{i}",
-                node="n",
-                type="X",
-                capacity_bytes=draw(st.integers(20, 400)),
-                static_bytes=0,
-                per_sample_bytes=0,
-                fixed_s=0.0,
-                per_sample_s=1.0,
-                layers=lp,
-            )
-        )
+        devices.append(unit_device(f"n/{i}", capacity_bytes=draw(st.integers(20, 400)), layers=lp))
     return devices, draw(st.integers(1, 3)), draw(st.integers(1, 6))
 
 
@@ -181,16 +170,7 @@ def test_pp_without_layer_figures_is_a_one_line_error():
     bare = Profile(
         model="gpt-tiny",
         devices=tuple(
-            DeviceProfile(
-                id=d.id,
-                node=d.node,
-                type=d.type,
-                capacity_bytes=d.capacity_bytes,
-                static_bytes=d.static_bytes,
-                per_sample_bytes=d.per_sample_bytes,
-                fixed_s=d.fixed_s,
-                per_sample_s=d.per_sample_s,
-            )
+            replace(d, layers=None, micro_batch_limit=None, selective=None, full=None)
             for d in profile.devices
         ),
     )
