@@ -275,14 +275,33 @@ def contiguous(plan: Plan) -> bool:
     return position == plan.global_batch
 
 
+def slowed_decision(
+    profile: Profile,
+    strategy: str,
+    slowdowns: dict[str, float],
+    *,
+    steps_left: int,
+    switch_cost_s: float,
+    settings: ReplanSettings | None = None,
+) -> tuple[Plan, ReplanDecision]:
+    """Plan GLOBAL_BATCH with ``strategy``, slow each device by its factor, and decide."""
+    plan = make_plan(profile, GLOBAL_BATCH, strategy)
+    decision = decide_replan(
+        plan,
+        live_profile(profile, slowdowns),
+        global_batch=GLOBAL_BATCH,
+        strategy=strategy,
+        steps_left=steps_left,
+        switch_cost_s=switch_cost_s,
+        settings=settings,
+    )
+    return plan, decision
+
+
 def test_the_new_plan_moves_samples_away_from_the_slowed_device() -> None:
     profile = local_sim()
     slowed = fastest(profile)
-    plan = make_plan(profile, GLOBAL_BATCH, "dp")
-    live = live_profile(profile, {slowed: 3.0})
-    decision = decide_replan(
-        plan, live, global_batch=GLOBAL_BATCH, strategy="dp", steps_left=50, switch_cost_s=5.0
-    )
+    plan, decision = slowed_decision(profile, "dp", {slowed: 3.0}, steps_left=50, switch_cost_s=5.0)
     assert decision.switch and decision.in_place
     assert {d.id for d in decision.new_plan.active} <= {d.id for d in plan.active}
     old = {d.id: d.samples for d in plan.active}
@@ -321,11 +340,8 @@ def test_a_free_checkpoint_lets_idle_devices_join() -> None:
 def test_in_place_replans_keep_the_global_batch_and_contiguous_offsets(
     device: str, factor: float, strategy: str
 ) -> None:
-    profile = local_sim()
-    plan = make_plan(profile, GLOBAL_BATCH, strategy)
-    live = live_profile(profile, {device: factor})
-    decision = decide_replan(
-        plan, live, global_batch=GLOBAL_BATCH, strategy=strategy, steps_left=100, switch_cost_s=1e9
+    _, decision = slowed_decision(
+        local_sim(), strategy, {device: factor}, steps_left=100, switch_cost_s=1e9
     )
     assert decision.plan.global_batch == GLOBAL_BATCH
     assert sum(d.samples for d in decision.plan.active) == GLOBAL_BATCH
@@ -337,10 +353,8 @@ def test_in_place_replans_keep_the_global_batch_and_contiguous_offsets(
 
 def test_even_splits_do_not_follow_speed_so_they_never_switch() -> None:
     profile = local_sim()
-    plan = make_plan(profile, GLOBAL_BATCH, "even")
-    live = live_profile(profile, {fastest(profile): 3.0})
-    decision = decide_replan(
-        plan, live, global_batch=GLOBAL_BATCH, strategy="even", steps_left=50, switch_cost_s=0.0
+    _, decision = slowed_decision(
+        profile, "even", {fastest(profile): 3.0}, steps_left=50, switch_cost_s=0.0
     )
     assert not decision.switch
     assert "the running one" in decision.reason
@@ -348,18 +362,14 @@ def test_even_splits_do_not_follow_speed_so_they_never_switch() -> None:
 
 def test_a_small_gain_does_not_churn_the_split() -> None:
     profile = local_sim()
-    plan = make_plan(profile, GLOBAL_BATCH, "dp")
-    live = live_profile(profile, {fastest(profile): 1.04})
-    decision = decide_replan(
-        plan, live, global_batch=GLOBAL_BATCH, strategy="dp", steps_left=10_000, switch_cost_s=0.0
-    )
+    slowdowns = {fastest(profile): 1.04}
+    _, decision = slowed_decision(profile, "dp", slowdowns, steps_left=10_000, switch_cost_s=0.0)
     assert not decision.switch
     assert "minimum" in decision.reason or "the running one" in decision.reason
-    eager = decide_replan(
-        plan,
-        live,
-        global_batch=GLOBAL_BATCH,
-        strategy="dp",
+    _, eager = slowed_decision(
+        profile,
+        "dp",
+        slowdowns,
         steps_left=10_000,
         switch_cost_s=0.0,
         settings=ReplanSettings(min_relative_gain=0.0),
@@ -458,10 +468,8 @@ def test_a_pipeline_stage_slowed_3x_is_reported_once_and_replanned_through_a_che
 
 def test_no_steps_left_means_no_switch_unless_a_device_is_lost() -> None:
     profile = local_sim()
-    plan = make_plan(profile, GLOBAL_BATCH, "dp")
-    live = live_profile(profile, {fastest(profile): 3.0})
-    decision = decide_replan(
-        plan, live, global_batch=GLOBAL_BATCH, strategy="dp", steps_left=0, switch_cost_s=5.0
+    plan, decision = slowed_decision(
+        profile, "dp", {fastest(profile): 3.0}, steps_left=0, switch_cost_s=5.0
     )
     assert not decision.switch and decision.plan is plan
 
