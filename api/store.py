@@ -13,9 +13,9 @@ import statistics
 import uuid
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -26,10 +26,17 @@ from api.schemas.jobs import JobCreate
 from api.states import TERMINAL_STATES, JobState
 from scheduler.planning.plan import Plan, plan_from_dict
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 # Short names for the states of api/states.py (the executor uses them).
 PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
 STOPPED, SUCCEEDED, FAILED = JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED
 TERMINAL = TERMINAL_STATES
+
+
+R = TypeVar("R", bound="DataclassInstance")
+"""A record type of this module (each is a dataclass)."""
 
 
 def now() -> datetime:
@@ -119,25 +126,26 @@ class ProfileRecord:
     created_at: datetime
 
 
+def _from_row(record_type: type[R], row: object, **stored_otherwise: Any) -> R:
+    """The record of ``row``: each field from the column of its name (a datetime read as
+    UTC), but those given in ``stored_otherwise`` (parsed JSON, enums)."""
+    values = {
+        f.name: getattr(row, f.name) for f in fields(record_type) if f.name not in stored_otherwise
+    }
+    for name, value in values.items():
+        if isinstance(value, datetime):
+            values[name] = _utc(value)
+    return record_type(**values, **stored_otherwise)
+
+
 def _job(row: JobRow) -> JobRecord:
-    return JobRecord(
-        id=row.id,
-        name=row.name,
-        model_name=row.model_name,
-        submission_id=row.submission_id,
+    return _from_row(
+        JobRecord,
+        row,
         spec=JobCreate.model_validate_json(row.spec_json),
         state=JobState(row.state),
-        message=row.message,
         devices=json.loads(row.devices_json),
         plan=plan_from_dict(json.loads(row.plan_json)) if row.plan_json else None,
-        steps_done=row.steps_done,
-        last_loss=row.last_loss,
-        predicted_step_s=row.predicted_step_s,
-        measured_step_s=row.measured_step_s,
-        stop_requested=row.stop_requested,
-        created_at=_utc(row.created_at) or now(),
-        started_at=_utc(row.started_at),
-        ended_at=_utc(row.ended_at),
     )
 
 
@@ -329,15 +337,7 @@ class JobStore:
             rows = session.scalars(
                 select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id)
             )
-            return [
-                EventRecord(
-                    time=_utc(r.time) or now(),
-                    kind=r.kind,
-                    step=r.step,
-                    data=json.loads(r.data_json),
-                )
-                for r in rows
-            ]
+            return [_from_row(EventRecord, r, data=json.loads(r.data_json)) for r in rows]
 
     def count_events(self) -> dict[str, int]:
         """Events of every job by kind (``recovery``, ``replan``, ``restart``), zeros included."""
@@ -365,10 +365,7 @@ class JobStore:
                 .where(CheckpointRow.job_id == job_id)
                 .order_by(CheckpointRow.step)
             )
-            return [
-                CheckpointRecord(step=r.step, uri=r.uri, created_at=_utc(r.created_at) or now())
-                for r in rows
-            ]
+            return [_from_row(CheckpointRecord, r) for r in rows]
 
     # --- steps and logs --------------------------------------------------------
 
@@ -416,18 +413,7 @@ class JobStore:
                 .where(StepRow.job_id == job_id, StepRow.step >= since)
                 .order_by(StepRow.step)
             )
-            return [
-                StepRecord(
-                    step=r.step,
-                    loss=r.loss,
-                    step_s=r.step_s,
-                    samples_per_s=r.samples_per_s,
-                    devices=json.loads(r.devices_json),
-                    time=_utc(r.time) or now(),
-                    val_loss=r.val_loss,
-                )
-                for r in rows
-            ]
+            return [_from_row(StepRecord, r, devices=json.loads(r.devices_json)) for r in rows]
 
     def log(self, job_id: str, level: str, message: str) -> None:
         with self._tx() as session:
@@ -438,10 +424,7 @@ class JobStore:
             rows = session.scalars(
                 select(LogRow).where(LogRow.job_id == job_id).order_by(LogRow.id).offset(since)
             )
-            return [
-                LogRecord(time=_utc(r.time) or now(), level=r.level, message=r.message)
-                for r in rows
-            ]
+            return [_from_row(LogRecord, r) for r in rows]
 
     # --- profiles --------------------------------------------------------------
 
@@ -456,27 +439,10 @@ class JobStore:
             row.model, row.cluster, row.source = model, cluster, source
             row.profile_json, row.created_at = json.dumps(profile), now()
             session.flush()
-            return ProfileRecord(
-                id=row.id,
-                model=model,
-                cluster=cluster,
-                source=source,
-                profile=profile,
-                created_at=row.created_at,
-            )
+            return _from_row(ProfileRecord, row, profile=profile)
 
     def profiles(self) -> list[ProfileRecord]:
         """Newest first."""
         with self._tx() as session:
             rows = session.scalars(select(ProfileRow).order_by(ProfileRow.created_at.desc()))
-            return [
-                ProfileRecord(
-                    id=r.id,
-                    model=r.model,
-                    cluster=r.cluster,
-                    source=r.source,
-                    profile=json.loads(r.profile_json),
-                    created_at=_utc(r.created_at) or now(),
-                )
-                for r in rows
-            ]
+            return [_from_row(ProfileRecord, r, profile=json.loads(r.profile_json)) for r in rows]
