@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, reject, settings
 from schemathesis.checks import CHECKS, load_all_checks
 
 from api.app import build_state, create_app
-from api.core.settings import Settings
+from tests.api.conftest import make_settings
 
 TOKEN = "fuzz-token"
 load_all_checks()
@@ -35,15 +35,7 @@ ALL_CHECKS = CHECKS.get_all()
 
 def _schema(token: str | None) -> Any:
     data_dir = Path(tempfile.mkdtemp(prefix="hetsched-fuzz-"))
-    settings = Settings(
-        data_dir=data_dir,
-        start_ray=False,
-        executor=False,
-        api_token=token,
-        db_url=None,
-        cluster=None,
-        ray_address=None,
-    )
+    settings = make_settings(data_dir, start_ray=False, executor=False, api_token=token)
     app = create_app(settings)
     # The ASGI transport does not run the lifespan; build its state the same way.
     app.state.hetsched = build_state(settings)
