@@ -5,19 +5,36 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 import torch
 
+from scheduler.planning.plan import Plan
 from tests.support import TINY, make_cluster, manual_plan
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
+from workers.records import TrainResult
 from workers.session import OptimizerConfig, Recorder, RunConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 OPT = OptimizerConfig(lr=3e-3)
+
+
+def _train(plan: Plan, cache_dir, pool, *, steps: int, seed: int, **options: Any) -> TrainResult:
+    """``plan`` trained on this module's cluster with gpt-tiny; ``options`` as ``train``'s."""
+    return train(
+        cluster=CLUSTER,
+        model=TINY,
+        plan=plan,
+        steps=steps,
+        seed=seed,
+        cache_dir=cache_dir,
+        pool=pool,
+        **options,
+    )
 
 
 def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.Tensor:
@@ -41,17 +58,15 @@ def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.
 def test_uneven_three_device_split_matches_single_process_training(cache_dir, mixed_pool) -> None:
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
-    result = train(
-        cluster=CLUSTER,
-        model=TINY,
-        plan=plan,
+    result = _train(
+        plan,
+        cache_dir,
+        mixed_pool,
         steps=4,
         seed=5,
         optimizer=OPT,
-        cache_dir=cache_dir,
         dtype="float64",
         config=RunConfig(keep_state=True),
-        pool=mixed_pool,
     )
     assert result.steps_done == 4 and result.state is not None
     model = GPT(TINY, seed=5).double()
@@ -64,9 +79,8 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
 def test_dp_and_even_splits_give_the_same_loss_curve(cache_dir, mixed_pool) -> None:
     uneven = manual_plan([("a/0", 8, 8), ("a/1", 1, 1), ("a/2", 3, 2)], strategy="dp")
     even = manual_plan([("a/0", 4, 4), ("a/1", 4, 2), ("a/2", 4, 4)], strategy="even")
-    common = dict(cluster=CLUSTER, model=TINY, steps=3, seed=11, cache_dir=cache_dir)
-    a = train(plan=uneven, pool=mixed_pool, **common)
-    b = train(plan=even, pool=mixed_pool, **common)
+    a = _train(uneven, cache_dir, mixed_pool, steps=3, seed=11)
+    b = _train(even, cache_dir, mixed_pool, steps=3, seed=11)
     assert a.losses == pytest.approx(b.losses, rel=1e-4, abs=1e-5)
     assert a.losses[0] > a.losses[-1]  # training happened, not a constant
     assert [d.id for d in a.devices] == ["a/0", "a/1", "a/2"]
@@ -82,15 +96,7 @@ def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir, mixed
         match=r"^a/1: out of memory: micro-batch 200 needs [\d.]+ MB, "
         r"capacity 171\.8 MB$",
     ):
-        train(
-            cluster=CLUSTER,
-            model=TINY,
-            plan=plan,
-            steps=2,
-            seed=0,
-            cache_dir=cache_dir,
-            pool=mixed_pool,
-        )
+        _train(plan, cache_dir, mixed_pool, steps=2, seed=0)
     assert time.monotonic() - start < 90
 
 
@@ -102,9 +108,7 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
     plan = manual_plan([("a/0", 4, 4), ("a/1", 2, 2), ("a/2", 2, 2)])
     pool = WorkerPool(CLUSTER, simulated=True)
     try:
-        first = train(
-            cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir, pool=pool
-        )
+        first = _train(plan, cache_dir, pool, steps=2, seed=0)
         pids = pool.pids()
         assert first.steps_done == 2 and set(pids) == {"a/0", "a/1", "a/2"}
 
@@ -114,21 +118,10 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
 
         start = time.monotonic()
         with pytest.raises(WorkerError, match=r"^a/1: worker process died"):
-            train(
-                cluster=CLUSTER,
-                model=TINY,
-                plan=plan,
-                steps=50,
-                seed=0,
-                hooks=Recorder(watch=kill_the_t4),
-                cache_dir=cache_dir,
-                pool=pool,
-            )
+            _train(plan, cache_dir, pool, steps=50, seed=0, hooks=Recorder(watch=kill_the_t4))
         assert time.monotonic() - start < 120
 
-        again = train(
-            cluster=CLUSTER, model=TINY, plan=plan, steps=2, seed=0, cache_dir=cache_dir, pool=pool
-        )
+        again = _train(plan, cache_dir, pool, steps=2, seed=0)
         assert again.losses == pytest.approx(first.losses, rel=1e-5)
         assert pool.pids()["a/1"] != pids["a/1"]
     finally:
@@ -145,15 +138,13 @@ def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(
             return len(self.steps) >= 30
 
     hooks = StopAt30()
-    result = train(
-        cluster=CLUSTER,
-        model=TINY,
-        plan=plan,
+    result = _train(
+        plan,
+        cache_dir,
+        mixed_pool,
         steps=1000,
         seed=1,
-        cache_dir=cache_dir,
         optimizer=OptimizerConfig(lr=1e-2),
-        pool=mixed_pool,
         hooks=hooks,
     )
     assert result.stopped and result.steps_done == 30 and len(result.losses) == 30
