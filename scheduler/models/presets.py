@@ -184,13 +184,8 @@ class ModelPreset:
 
     @property
     def block_shape(self) -> BlockShape:
-        return BlockShape(
-            family=self.family,
-            seq_len=self.seq_len,
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-        )
+        """This preset's values of the fields :class:`BlockShape` names."""
+        return BlockShape(**{f.name: getattr(self, f.name) for f in fields(BlockShape)})
 
     def block_stored(self, recompute: Recompute = "none") -> Stored:
         """What one block keeps per sample, and recomputes, under ``recompute``."""
