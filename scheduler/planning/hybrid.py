@@ -15,6 +15,7 @@ from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
 from scheduler.planning.pipeline import (
+    TimedChoice,
     best_pipeline,
     exclusion_reason,
     layer_usable,
@@ -137,18 +138,12 @@ def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: 
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class HybridChoice:
+class HybridChoice(TimedChoice):
     grouping: str
     chains: tuple[Chain, ...]
     counts: tuple[int, ...]
     """Micro-batches per pipeline."""
     samples: tuple[int, ...]
-    compute_s: float
-    comm_s: float
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.comm_s
 
 
 def allocate(

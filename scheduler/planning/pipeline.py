@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from scheduler.cost.costmodel import ceil_div
 from scheduler.cost.profile import DeviceProfile, Profile
@@ -37,12 +37,19 @@ MAX_CHAIN_LENGTHS = 12
 """At most this many chain lengths are tried per order (all of them on small clusters)."""
 
 
-class _Timed(Protocol):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimedChoice:
+    """A candidate's predicted step: compute and the communication it does not hide."""
+
+    compute_s: float
+    comm_s: float
+
     @property
-    def step_s(self) -> float: ...
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
 
 
-C = TypeVar("C", bound=_Timed)
+C = TypeVar("C", bound=TimedChoice)
 
 
 # --- choosing the chain ----------------------------------------------------
@@ -108,15 +115,9 @@ def balanced_count(global_batch: int, micro_batch: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineChoice:
+class PipelineChoice(TimedChoice):
     chain: Chain
     num_micro_batches: int
-    compute_s: float
-    comm_s: float
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.comm_s
 
 
 def best_pipeline(
