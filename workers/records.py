@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -77,12 +77,7 @@ class DeviceStep:
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""
-        return {
-            "id": self.id,
-            "busy_s": self.busy_s,
-            "wait_s": self.wait_s,
-            "peak_bytes": self.peak_bytes,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ written before it existed mean ``none``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from scheduler.errors import PlanError
@@ -83,7 +83,7 @@ class Excluded:
     reason: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "reason": self.reason}
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,10 +92,7 @@ class Baseline:
     predicted_samples_per_s: float
 
     def to_dict(self) -> dict[str, float]:
-        return {
-            "predicted_step_s": self.predicted_step_s,
-            "predicted_samples_per_s": self.predicted_samples_per_s,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
