@@ -180,19 +180,7 @@ def test_pp_without_layer_figures_is_a_one_line_error():
     profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt-tiny"))
     bare = Profile(
         model="gpt-tiny",
-        devices=tuple(
-            DeviceProfile(
-                id=d.id,
-                node=d.node,
-                type=d.type,
-                capacity_bytes=d.capacity_bytes,
-                static_bytes=d.static_bytes,
-                per_sample_bytes=d.per_sample_bytes,
-                fixed_s=d.fixed_s,
-                per_sample_s=d.per_sample_s,
-            )
-            for d in profile.devices
-        ),
+        devices=tuple(replace(d, layers=None) for d in profile.devices),
     )
     with pytest.raises(PlanError, match="per-layer"):
         plan_pp(bare, 8)
