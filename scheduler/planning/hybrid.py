@@ -358,13 +358,4 @@ def _to_plan(
         f"hybrid: {index} pipeline(s) grouped by {best.grouping}; micro-batches per "
         f"pipeline (count×size) {shares}",
     )
-    return Plan(
-        strategy="hybrid",
-        global_batch=global_batch,
-        predicted_step_s=best.step_s,
-        compute_s=best.compute_s,
-        comm_s=best.comm_s,
-        devices=tuple(entries),
-        excluded=tuple(excluded),
-        notes=notes,
-    )
+    return best.to_plan("hybrid", global_batch, devices=entries, excluded=excluded, notes=notes)

@@ -48,6 +48,27 @@ class TimedChoice:
     def step_s(self) -> float:
         return self.compute_s + self.comm_s
 
+    def to_plan(
+        self,
+        strategy: str,
+        global_batch: int,
+        *,
+        devices: Sequence[DevicePlan],
+        excluded: Sequence[Excluded],
+        notes: tuple[str, ...],
+    ) -> Plan:
+        """The plan of this choice: its predicted step, compute and communication."""
+        return Plan(
+            strategy=strategy,
+            global_batch=global_batch,
+            predicted_step_s=self.step_s,
+            compute_s=self.compute_s,
+            comm_s=self.comm_s,
+            devices=tuple(devices),
+            excluded=tuple(excluded),
+            notes=notes,
+        )
+
 
 C = TypeVar("C", bound=TimedChoice)
 
@@ -296,13 +317,4 @@ def plan_pp(profile: Profile, global_batch: int) -> Plan:
         f"bubble {(p - 1) / m:.0%}, stages "
         + ", ".join(f"{st.device.id} [{st.first},{st.last})" for st in choice.chain.stages),
     )
-    return Plan(
-        strategy="pp",
-        global_batch=global_batch,
-        predicted_step_s=choice.step_s,
-        compute_s=choice.compute_s,
-        comm_s=choice.comm_s,
-        devices=tuple(entries),
-        excluded=tuple(excluded),
-        notes=notes,
-    )
+    return choice.to_plan("pp", global_batch, devices=entries, excluded=excluded, notes=notes)

@@ -82,17 +82,11 @@ class Excluded:
     id: str
     reason: str
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Baseline:
     predicted_step_s: float
     predicted_samples_per_s: float
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,8 +126,8 @@ class Plan:
             "compute_s": self.compute_s,
             "comm_s": self.comm_s,
             "devices": [d.to_dict() for d in self.devices],
-            "excluded": [e.to_dict() for e in self.excluded],
-            "baselines": {k: b.to_dict() for k, b in self.baselines.items()},
+            "excluded": [asdict(e) for e in self.excluded],
+            "baselines": {k: asdict(b) for k, b in self.baselines.items()},
             "notes": list(self.notes),
         }
 
