@@ -10,7 +10,7 @@ from tests.support import TINY, make_cluster, pipeline_stage, plan_of
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.runtime.stages import ordered_stages, sync_groups
-from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
+from workers.session import OptimizerConfig, TrainResult, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -80,18 +80,23 @@ def pool():
     p.shutdown()
 
 
-@pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
-def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir, pool):
-    result = train(
+def train_steps(plan: Plan, *, optimizer: OptimizerConfig, cache_dir, pool) -> TrainResult:
+    """``STEPS`` steps of ``plan`` on the module's cluster, model and seed."""
+    return train(
         cluster=CLUSTER,
         model=TINY,
         plan=plan,
         steps=STEPS,
         seed=SEED,
-        optimizer=OPT,
+        optimizer=optimizer,
         cache_dir=cache_dir,
         pool=pool,
     )
+
+
+@pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
+def test_pipeline_loss_curve_equals_single_device_training(plan: Plan, cache_dir, pool):
+    result = train_steps(plan, optimizer=OPT, cache_dir=cache_dir, pool=pool)
     assert result.steps_done == STEPS
     assert result.losses == pytest.approx(single_device_losses(), rel=1e-4)
     assert {d.id for d in result.devices} == {d.id for d in plan.devices}
@@ -116,16 +121,7 @@ def test_warmup_cosine_decay_and_clipping_train_the_same_whatever_the_split(plan
     """The global norm is summed over every device and stage, so clipping is the same."""
     want = single_device_losses(SCHEDULED)
     assert want != pytest.approx(single_device_losses(), rel=1e-4), "the settings change training"
-    result = train(
-        cluster=CLUSTER,
-        model=TINY,
-        plan=plan,
-        steps=STEPS,
-        seed=SEED,
-        optimizer=SCHEDULED,
-        cache_dir=cache_dir,
-        pool=pool,
-    )
+    result = train_steps(plan, optimizer=SCHEDULED, cache_dir=cache_dir, pool=pool)
     assert result.losses == pytest.approx(want, rel=1e-4)
 
 
