@@ -11,6 +11,7 @@ import yaml
 from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import GIB
 from scheduler.hardware.cluster import cluster_to_dict, load_cluster, parse_cluster
+from tests.scheduler.errors import one_line_error
 
 DESIGN_EXAMPLE = """
 name: mixed-lab
@@ -46,11 +47,7 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def spec_error(data: Any) -> str:
-    with pytest.raises(SpecError) as info:
-        parse_cluster(data)
-    message = str(info.value)
-    assert "\n" not in message, "errors are one line"
-    return message
+    return one_line_error(SpecError, parse_cluster, data)
 
 
 def test_design_example_parses_into_devices_named_node_slash_index() -> None:

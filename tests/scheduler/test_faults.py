@@ -10,6 +10,7 @@ import yaml
 from scheduler.errors import SpecError
 from scheduler.hardware.cluster import cluster_to_dict, parse_cluster, with_faults
 from scheduler.hardware.faults import Fault, FaultSchedule, parse_fault
+from tests.scheduler.errors import one_line_error
 
 IDS = ["node-a/0", "node-a/1", "node-b/0", "node-b/1"]
 
@@ -26,11 +27,7 @@ def spec(faults: Any) -> dict[str, Any]:
 
 
 def spec_error(data: Any) -> str:
-    with pytest.raises(SpecError) as info:
-        parse_cluster(data)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+    return one_line_error(SpecError, parse_cluster, data)
 
 
 def test_spec_faults_become_records_in_spec_order() -> None:
@@ -155,12 +152,9 @@ def test_parse_fault_reads_the_command_line_form(text: str, fault: Fault) -> Non
     ],
 )
 def test_bad_fault_arguments_say_what_is_allowed(text: str, expected: str) -> None:
-    with pytest.raises(SpecError) as info:
-        parse_fault(text, IDS)
-    message = str(info.value)
+    message = one_line_error(SpecError, parse_fault, text, IDS)
     assert message.startswith(f"--fault {text!r}: ")
     assert expected in message
-    assert "\n" not in message
 
 
 def test_with_faults_appends_command_line_faults_to_the_spec() -> None:

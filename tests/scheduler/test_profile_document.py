@@ -20,6 +20,7 @@ from scheduler.hardware.capacity import catalogue_budget_bytes
 from scheduler.hardware.catalogue import GIB, lookup
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
+from tests.scheduler.errors import one_line_error
 
 CLUSTER = parse_cluster(
     {
@@ -52,11 +53,7 @@ DESIGN_PROFILE: dict[str, Any] = {
 
 
 def profile_error(data: Any) -> str:
-    with pytest.raises(ProfileError) as info:
-        profile_from_dict(data)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+    return one_line_error(ProfileError, profile_from_dict, data)
 
 
 def with_device(**changes: Any) -> dict[str, Any]:
