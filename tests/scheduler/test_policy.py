@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -160,17 +162,7 @@ def test_a_running_job_keeps_its_devices_when_nothing_changes(policy: str) -> No
     rates = PlannedRates.for_cluster(MIXED)
     jobs = [job("a", max_devices=4), job("b", model="gpt2-medium", max_devices=6)]
     first = decide(MIXED, jobs, policy=policy, rates=rates)
-    again = [
-        JobDemand(
-            name=j.name,
-            model=j.model,
-            global_batch=j.global_batch,
-            steps_left=j.steps_left * 0.99,
-            max_devices=j.max_devices,
-            held=first.devices[j.name],
-        )
-        for j in jobs
-    ]
+    again = [replace(j, steps_left=j.steps_left * 0.99, held=first.devices[j.name]) for j in jobs]
     second = decide(MIXED, again, policy=policy, rates=rates)
     assert second.devices == first.devices
     assert all("kept its devices" in r or "keeps" in r for r in second.reasons.values())
