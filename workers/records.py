@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -77,12 +77,7 @@ class DeviceStep:
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""
-        return {
-            "id": self.id,
-            "busy_s": self.busy_s,
-            "wait_s": self.wait_s,
-            "peak_bytes": self.peak_bytes,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +117,27 @@ class TrainResult:
     state: dict[str, Any] | None = None
     """Rank 0's model and optimizer state after the last step, when asked for
     (``RunConfig(keep_state=True)``): a checkpoint to resume or verify from."""
+
+    @classmethod
+    def of(
+        cls,
+        history: list[StepMetrics],
+        *,
+        stopped: bool,
+        state: dict[str, Any] | None,
+        medians_over: list[StepMetrics] | None = None,
+    ) -> TrainResult:
+        """The result of ``history`` (one record per step, in order), with device medians
+        over ``medians_over`` (default: the whole history)."""
+        return cls(
+            steps_done=len(history),
+            losses=[m.loss for m in history],
+            val_losses=val_losses(history),
+            step_times_s=[m.step_s for m in history],
+            devices=median_devices(history if medians_over is None else medians_over),
+            stopped=stopped,
+            state=state,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

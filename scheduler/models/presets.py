@@ -184,13 +184,8 @@ class ModelPreset:
 
     @property
     def block_shape(self) -> BlockShape:
-        return BlockShape(
-            family=self.family,
-            seq_len=self.seq_len,
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-        )
+        """This preset's values of the fields :class:`BlockShape` names."""
+        return BlockShape(**{f.name: getattr(self, f.name) for f in fields(BlockShape)})
 
     def block_stored(self, recompute: Recompute = "none") -> Stored:
         """What one block keeps per sample, and recomputes, under ``recompute``."""
@@ -235,8 +230,16 @@ class ModelPreset:
         return 2 * self.seq_len * self.d_model
 
 
-def _gpt2(name: str, *, num_layers: int, d_model: int, num_heads: int) -> ModelPreset:
-    """A GPT-2 size: 4× MLP, its BPE vocabulary and 1024-token context."""
+def _gpt(
+    name: str,
+    *,
+    num_layers: int,
+    d_model: int,
+    num_heads: int,
+    vocab_size: int = 50257,
+    seq_len: int = 1024,
+) -> ModelPreset:
+    """A GPT-2-shaped model, 4× MLP; by default GPT-2's BPE vocabulary and 1024-token context."""
     return ModelPreset(
         name=name,
         family="gpt",
@@ -244,40 +247,26 @@ def _gpt2(name: str, *, num_layers: int, d_model: int, num_heads: int) -> ModelP
         d_model=d_model,
         num_heads=num_heads,
         d_ff=4 * d_model,
-        vocab_size=50257,
-        seq_len=1024,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
     )
 
 
 _llama2 = functools.partial(ModelPreset, family="llama", vocab_size=32000, seq_len=4096)
 """A Llama 2 size: its 32k SentencePiece vocabulary and 4096-token context."""
-_on_cpu = functools.partial(ModelPreset, vocab_size=256)
-"""Small enough to train on a CPU in the simulation: byte vocabulary."""
+CPU_VOCAB_SIZE = 256
+"""Presets small enough to train on a CPU in the simulation use a byte vocabulary."""
+_gpt_on_cpu = functools.partial(_gpt, vocab_size=CPU_VOCAB_SIZE)
+"""A GPT small enough to train on a CPU in the simulation."""
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
-        _on_cpu(
-            name="gpt-tiny",
-            family="gpt",
-            num_layers=4,
-            d_model=128,
-            num_heads=4,
-            d_ff=512,
-            seq_len=64,
-        ),
-        _on_cpu(
-            name="gpt-small-cpu",
-            family="gpt",
-            num_layers=8,
-            d_model=256,
-            num_heads=8,
-            d_ff=1024,
-            seq_len=128,
-        ),
+        _gpt_on_cpu("gpt-tiny", num_layers=4, d_model=128, num_heads=4, seq_len=64),
+        _gpt_on_cpu("gpt-small-cpu", num_layers=8, d_model=256, num_heads=8, seq_len=128),
         # The llama family's counterpart of gpt-tiny: grouped-query attention (two
         # query heads per key/value head) and a SwiGLU width of about 8/3·h.
-        _on_cpu(
+        ModelPreset(
             name="llama-tiny",
             family="llama",
             num_layers=4,
@@ -285,12 +274,13 @@ PRESETS: dict[str, ModelPreset] = {
             num_heads=4,
             num_kv_heads=2,
             d_ff=352,
+            vocab_size=CPU_VOCAB_SIZE,
             seq_len=64,
         ),
-        _gpt2("gpt2-small", num_layers=12, d_model=768, num_heads=12),
-        _gpt2("gpt2-medium", num_layers=24, d_model=1024, num_heads=16),
-        _gpt2("gpt2-large", num_layers=36, d_model=1280, num_heads=20),
-        _gpt2("gpt2-xl", num_layers=48, d_model=1600, num_heads=25),
+        _gpt("gpt2-small", num_layers=12, d_model=768, num_heads=12),
+        _gpt("gpt2-medium", num_layers=24, d_model=1024, num_heads=16),
+        _gpt("gpt2-large", num_layers=36, d_model=1280, num_heads=20),
+        _gpt("gpt2-xl", num_layers=48, d_model=1600, num_heads=25),
         _llama2(name="llama-7b", num_layers=32, d_model=4096, num_heads=32, d_ff=11008),
         _llama2(name="llama-13b", num_layers=40, d_model=5120, num_heads=40, d_ff=13824),
     ]

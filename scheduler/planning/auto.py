@@ -15,6 +15,7 @@ communicates less. The returned plan carries the winner's concrete strategy
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from scheduler.cost.profile import Profile
 from scheduler.errors import PlanError
@@ -116,14 +117,4 @@ def plan_auto(profile: Profile, global_batch: int) -> Plan:
     baselines: dict[str, Baseline] = dict(winner.baselines)
     for name, plan in plans.items():
         baselines[name] = baseline_of(plan)
-    return Plan(
-        strategy=winner.strategy,
-        global_batch=winner.global_batch,
-        predicted_step_s=winner.predicted_step_s,
-        compute_s=winner.compute_s,
-        comm_s=winner.comm_s,
-        devices=winner.devices,
-        excluded=winner.excluded,
-        baselines=baselines,
-        notes=notes,
-    )
+    return replace(winner, baselines=baselines, notes=notes)

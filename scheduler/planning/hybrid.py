@@ -15,6 +15,7 @@ from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
 from scheduler.planning.pipeline import (
+    TimedChoice,
     best_pipeline,
     exclusion_reason,
     layer_usable,
@@ -137,18 +138,12 @@ def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: 
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class HybridChoice:
+class HybridChoice(TimedChoice):
     grouping: str
     chains: tuple[Chain, ...]
     counts: tuple[int, ...]
     """Micro-batches per pipeline."""
     samples: tuple[int, ...]
-    compute_s: float
-    comm_s: float
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.comm_s
 
 
 def allocate(
@@ -363,13 +358,4 @@ def _to_plan(
         f"hybrid: {index} pipeline(s) grouped by {best.grouping}; micro-batches per "
         f"pipeline (count×size) {shares}",
     )
-    return Plan(
-        strategy="hybrid",
-        global_batch=global_batch,
-        predicted_step_s=best.step_s,
-        compute_s=best.compute_s,
-        comm_s=best.comm_s,
-        devices=tuple(entries),
-        excluded=tuple(excluded),
-        notes=notes,
-    )
+    return best.to_plan("hybrid", global_batch, devices=entries, excluded=excluded, notes=notes)

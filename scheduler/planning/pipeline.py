@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from scheduler.cost.costmodel import ceil_div
 from scheduler.cost.profile import DeviceProfile, Profile
@@ -37,12 +37,40 @@ MAX_CHAIN_LENGTHS = 12
 """At most this many chain lengths are tried per order (all of them on small clusters)."""
 
 
-class _Timed(Protocol):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimedChoice:
+    """A candidate's predicted step: compute and the communication it does not hide."""
+
+    compute_s: float
+    comm_s: float
+
     @property
-    def step_s(self) -> float: ...
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    def to_plan(
+        self,
+        strategy: str,
+        global_batch: int,
+        *,
+        devices: Sequence[DevicePlan],
+        excluded: Sequence[Excluded],
+        notes: tuple[str, ...],
+    ) -> Plan:
+        """The plan of this choice: its predicted step, compute and communication."""
+        return Plan(
+            strategy=strategy,
+            global_batch=global_batch,
+            predicted_step_s=self.step_s,
+            compute_s=self.compute_s,
+            comm_s=self.comm_s,
+            devices=tuple(devices),
+            excluded=tuple(excluded),
+            notes=notes,
+        )
 
 
-C = TypeVar("C", bound=_Timed)
+C = TypeVar("C", bound=TimedChoice)
 
 
 # --- choosing the chain ----------------------------------------------------
@@ -108,15 +136,9 @@ def balanced_count(global_batch: int, micro_batch: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineChoice:
+class PipelineChoice(TimedChoice):
     chain: Chain
     num_micro_batches: int
-    compute_s: float
-    comm_s: float
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.comm_s
 
 
 def best_pipeline(
@@ -295,13 +317,4 @@ def plan_pp(profile: Profile, global_batch: int) -> Plan:
         f"bubble {(p - 1) / m:.0%}, stages "
         + ", ".join(f"{st.device.id} [{st.first},{st.last})" for st in choice.chain.stages),
     )
-    return Plan(
-        strategy="pp",
-        global_batch=global_batch,
-        predicted_step_s=choice.step_s,
-        compute_s=choice.compute_s,
-        comm_s=choice.comm_s,
-        devices=tuple(entries),
-        excluded=tuple(excluded),
-        notes=notes,
-    )
+    return choice.to_plan("pp", global_batch, devices=entries, excluded=excluded, notes=notes)

@@ -12,7 +12,7 @@ written before it existed mean ``none``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from scheduler.errors import PlanError
@@ -82,20 +82,11 @@ class Excluded:
     id: str
     reason: str
 
-    def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "reason": self.reason}
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Baseline:
     predicted_step_s: float
     predicted_samples_per_s: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "predicted_step_s": self.predicted_step_s,
-            "predicted_samples_per_s": self.predicted_samples_per_s,
-        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,8 +126,8 @@ class Plan:
             "compute_s": self.compute_s,
             "comm_s": self.comm_s,
             "devices": [d.to_dict() for d in self.devices],
-            "excluded": [e.to_dict() for e in self.excluded],
-            "baselines": {k: b.to_dict() for k, b in self.baselines.items()},
+            "excluded": [asdict(e) for e in self.excluded],
+            "baselines": {k: asdict(b) for k, b in self.baselines.items()},
             "notes": list(self.notes),
         }
 

@@ -10,7 +10,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from scheduler.cost.profile import Profile
@@ -83,14 +83,7 @@ class SpeedChange:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "device": self.device,
-            "factor": self.factor,
-            "previous_factor": self.previous_factor,
-            "fixed_s": self.fixed_s,
-            "per_sample_s": self.per_sample_s,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

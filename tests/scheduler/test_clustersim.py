@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.clustersim.simulator import SimResult, SimSettings, SimulationError, simulate
@@ -38,14 +40,7 @@ def homogeneous() -> Cluster:
 def short_trace(num_jobs: int, seed: int) -> list[TraceJob]:
     """A generated trace cut to minutes of work so the test replays in seconds."""
     return [
-        TraceJob(
-            name=j.name,
-            arrival_s=j.arrival_s,
-            model=j.model,
-            global_batch=j.global_batch,
-            steps=max(1, j.steps // 20),
-            max_devices=j.max_devices,
-        )
+        replace(j, steps=max(1, j.steps // 20))
         for j in generate_trace(num_jobs, jobs_per_hour=40, seed=seed)
     ]
 

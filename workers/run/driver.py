@@ -18,7 +18,7 @@ from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.cluster.actors import gather
 from workers.cluster.pool import WorkerPool
 from workers.errors import RecurringFailure, WorkerError
-from workers.records import RankStep, StepMetrics, TrainResult, median_devices, val_losses
+from workers.records import RankStep, StepMetrics, TrainResult
 from workers.run.config import Checkpointing, RunConfig
 from workers.run.faults import FaultInjector
 from workers.run.hooks import RunHooks
@@ -217,15 +217,7 @@ class Run:
         except BaseException:
             pool.salvage(self.ids)
             raise
-        return TrainResult(
-            steps_done=len(self.history),
-            losses=[m.loss for m in self.history],
-            val_losses=val_losses(self.history),
-            step_times_s=[m.step_s for m in self.history],
-            devices=median_devices(self.history),
-            stopped=stopped,
-            state=state,
-        )
+        return TrainResult.of(self.history, stopped=stopped, state=state)
 
     def _start(self) -> None:
         if self.setup.faults is not None:

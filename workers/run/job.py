@@ -17,7 +17,7 @@ from scheduler.replan.decision import ReplanDecision, ReplanSettings
 from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.cluster.pool import WorkerPool
 from workers.errors import WorkerError
-from workers.records import Recovery, StepMetrics, TrainResult, median_devices, val_losses
+from workers.records import Recovery, StepMetrics, TrainResult
 from workers.run.config import RunConfig
 from workers.run.driver import Run, RunSetup
 from workers.run.failures import FailureAction, FailurePolicy
@@ -207,12 +207,6 @@ class Job:
         history = [self.by_step[s] for s in sorted(self.by_step)]
         final_ids = [d.id for d in history[-1].devices] if history else []
         final_plan_steps = [m for m in history if [d.id for d in m.devices] == final_ids]
-        return TrainResult(
-            steps_done=len(history),
-            losses=[m.loss for m in history],
-            val_losses=val_losses(history),
-            step_times_s=[m.step_s for m in history],
-            devices=median_devices(final_plan_steps),
-            stopped=last_run.stopped,
-            state=last_run.state,
+        return TrainResult.of(
+            history, stopped=last_run.stopped, state=last_run.state, medians_over=final_plan_steps
         )

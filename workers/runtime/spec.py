@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from scheduler.models.presets import ModelPreset
 from scheduler.planning.plan import DP_STRATEGIES, DevicePlan, Plan
@@ -90,6 +91,14 @@ class RankSpec:
     ``full``: :func:`workers.runtime.engine.set_recompute`)."""
 
 
+_SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute")
+"""What a rank takes from its plan entry: its slice of the batch and how it computes it."""
+
+
+def _share(d: DevicePlan) -> dict[str, Any]:
+    return {name: getattr(d, name) for name in _SHARE_FIELDS}
+
+
 def reshare(ranks: list[RankSpec], plan: Plan) -> list[RankSpec]:
     """The same data-parallel group with ``plan``'s shares (an in-place re-plan).
 
@@ -103,16 +112,7 @@ def reshare(ranks: list[RankSpec], plan: Plan) -> list[RankSpec]:
         if d is None or d.samples == 0:
             out.append(replace(rank, offset=0, samples=0, micro_batch=0, accum_steps=0))
         else:
-            out.append(
-                replace(
-                    rank,
-                    offset=d.offset,
-                    samples=d.samples,
-                    micro_batch=d.micro_batch,
-                    accum_steps=d.accum_steps,
-                    recompute=d.recompute,
-                )
-            )
+            out.append(replace(rank, **_share(d)))
     return out
 
 
@@ -145,14 +145,10 @@ def make_ranks(
                 device_id=d.id,
                 rank=rank,
                 world_size=len(roles),
-                offset=d.offset,
-                samples=d.samples,
-                micro_batch=d.micro_batch,
-                accum_steps=d.accum_steps,
                 capacity_bytes=capacity,
                 pacing=pacing,
                 stage=role,
-                recompute=d.recompute,
+                **_share(d),
             )
         )
     return ranks
