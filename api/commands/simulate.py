@@ -26,6 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -219,25 +221,15 @@ def simulate(
     devices and, with ``replan``, follows speed changes (:mod:`workers.run.job`).
     ``init_from``: a Hugging Face directory every run starts from.
     """
-    from workers.session import (
-        RunBuilder,
-        WorkerPool,
-        default_cache_dir,
-        default_validation,
-        start_local_ray,
-    )
+    from workers.session import RunBuilder, default_cache_dir, default_validation
 
     cache_dir = cache_dir or default_cache_dir()
-    progress.say(
-        f"starting local Ray with {len(cluster.devices)} simulated devices ({cluster.name})"
-    )
-    start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
-    # One warm worker per device for the profile and every strategy's run.
-    pool = WorkerPool(cluster, simulated=True)
     validation = default_validation(steps, every=val_every, batches=val_batches)
-    start_dir = tempfile.TemporaryDirectory(prefix="hetsched-init-")
-    try:
-        restore = _hf_start(init_from, preset, start_dir.name)
+    with (
+        _warm_pool(cluster, progress) as pool,
+        tempfile.TemporaryDirectory(prefix="hetsched-init-") as start_dir,
+    ):
+        restore = _hf_start(init_from, preset, start_dir)
         profile = _profile(
             cluster,
             preset,
@@ -280,9 +272,21 @@ def simulate(
             "speedup_vs_even": _speedup_vs_even(runs),
         }
 
+
+@contextmanager
+def _warm_pool(cluster: Cluster, progress: Progress) -> Iterator[WorkerPool]:
+    """Local Ray and one warm worker per device, for the profile and every strategy's run."""
+    from workers.session import WorkerPool, start_local_ray
+
+    progress.say(
+        f"starting local Ray with {len(cluster.devices)} simulated devices ({cluster.name})"
+    )
+    start_local_ray(cluster, num_cpus=max(2, os.cpu_count() or 2))
+    pool = WorkerPool(cluster, simulated=True)
+    try:
+        yield pool
     finally:
         pool.shutdown()
-        start_dir.cleanup()
 
 
 def _hf_start(init_from: Path | None, preset: ModelPreset, uri: str) -> CheckpointInfo | None:
