@@ -75,8 +75,6 @@ class DeviceLedger:
         self._closing = False
         self._on_release = on_release
 
-    # --- what is held ------------------------------------------------------------
-
     def jobs(self) -> list[LiveJob]:
         with self._lock:
             return list(self._jobs.values())
@@ -89,12 +87,11 @@ class DeviceLedger:
     def _holders(self) -> dict[str, str]:
         return {d: job.job_id for job in self._jobs.values() for d in job.devices}
 
-    # --- a job's start and end -----------------------------------------------------
-
     def admit(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob | None:
         """The job, now holding ``devices``; None when another job holds any of them."""
         with self._lock:
-            if any(d in self._holders() for d in devices):
+            held = self._holders()
+            if any(d in held for d in devices):
                 return None
             return self._add(job_id, devices, pinned=pinned)
 
@@ -133,8 +130,6 @@ class DeviceLedger:
             self._changed.notify_all()
         return live
 
-    # --- while it runs: its plan and its recoveries --------------------------------
-
     def claim(self, live: LiveJob, wanted: list[str]) -> list[str]:
         """Of ``wanted``, those no other job holds become the job's (all it holds)."""
         with self._lock:
@@ -148,8 +143,6 @@ class DeviceLedger:
             live.devices = list(keep)
             self._changed.notify_all()
         self._on_release()
-
-    # --- moves ---------------------------------------------------------------------
 
     def steer(self, live: LiveJob, devices: list[str], reason: str) -> bool:
         """Apply the policy's latest allocation for a running job.
