@@ -15,6 +15,7 @@ from api.schemas.fields import (
 )
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import PRESETS
+from scheduler.planning.plan import Precision
 
 
 class ModelDims(RequestModel):
@@ -118,6 +119,12 @@ class DevicePlanPublic(BaseModel):
     pipeline: int | None = None
     recompute: Recompute = "none"
     """Activation recomputation the plan chose for this device."""
+    precision: Precision = "fp32"
+    """Compute precision (fp32 master weights and AdamW state in every case)."""
+    shard: float | None = None
+    """Fully sharded plans: the fraction of the model states this device owns."""
+    shard_group: int | None = None
+    """Fully sharded plans with replicated groups: this device's sharding group."""
 
 
 class ExcludedPublic(BaseModel):

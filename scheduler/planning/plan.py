@@ -18,10 +18,43 @@ from typing import Any, Literal
 from scheduler.errors import PlanError
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute
 
-Strategy = Literal["auto", "dp", "even", "proportional", "pp", "hybrid"]
+Strategy = Literal["auto", "dp", "even", "proportional", "pp", "hybrid", "fsdp"]
 DP_STRATEGIES: tuple[str, ...] = ("dp", "even", "proportional")
 PIPELINE_STRATEGIES: tuple[str, ...] = ("pp", "hybrid")
 """Strategies whose plans give devices layer ranges; the pipeline runtime runs them."""
+SHARDED_STRATEGIES: tuple[str, ...] = ("fsdp",)
+"""Strategies whose plans give devices a ``shard`` of the model states."""
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+"""Compute precisions: ``bf16`` and ``fp16`` keep fp32 master weights and AdamW
+state and sum gradients in fp32; ``fp16`` also scales the loss dynamically."""
+
+
+def shard_bounds(numel: int, fractions: tuple[float, ...] | list[float]) -> list[tuple[int, int]]:
+    """Cut a flat space of ``numel`` elements into consecutive ``[start, end)``
+    slices in proportion to ``fractions`` (one per rank, in rank order).
+
+    The cut points are the rounded cumulative fractions, so every element has
+    exactly one owner, the slices tile ``[0, numel)`` in order, and the planner,
+    the runtime and a checkpoint converter that call this agree on every offset.
+    A rank with fraction 0 owns an empty slice.
+    """
+    if numel < 0:
+        raise PlanError(f"shard: numel must be >= 0, got {numel}")
+    if not fractions or any(f < 0 for f in fractions):
+        raise PlanError(f"shard: fractions must be >= 0, one per rank, got {list(fractions)}")
+    total = float(sum(fractions))
+    if total <= 0:
+        raise PlanError("shard: fractions sum to 0; some rank must own the states")
+    bounds: list[tuple[int, int]] = []
+    start, cumulative = 0, 0.0
+    for i, fraction in enumerate(fractions):
+        cumulative += fraction
+        end = numel if i == len(fractions) - 1 else min(numel, round(numel * cumulative / total))
+        bounds.append((start, max(start, end)))
+        start = max(start, end)
+    return bounds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +84,13 @@ class DevicePlan:
     recompute: Recompute = "none"
     """Activation recomputation of its blocks: ``none``, ``selective`` (the attention
     core) or ``full`` (each block from its input), with ``torch.utils.checkpoint``."""
+    shard: float | None = None
+    """Fully sharded: the fraction of every block's flat parameter (and gradient and
+    AdamW) space this device owns; the fractions of one sharding group sum to 1 and
+    :func:`shard_bounds` turns them into offsets in the group's rank order."""
+    shard_group: int | None = None
+    """Fully sharded with replicated groups (HSDP): which sharding group it is in."""
+    precision: Precision = "fp32"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -58,6 +98,13 @@ class DevicePlan:
                 f"plan: device {self.id}: recompute {self.recompute!r} is not one of "
                 f"{', '.join(RECOMPUTE_MODES)}"
             )
+        if self.precision not in PRECISIONS:
+            raise PlanError(
+                f"plan: device {self.id}: precision {self.precision!r} is not one of "
+                f"{', '.join(PRECISIONS)}"
+            )
+        if self.shard is not None and not 0.0 <= self.shard <= 1.0:
+            raise PlanError(f"plan: device {self.id}: shard {self.shard} is not in [0, 1]")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -70,10 +117,14 @@ class DevicePlan:
             "offset": self.offset,
             "layers": list(self.layers) if self.layers is not None else None,
             "recompute": self.recompute,
+            "precision": self.precision,
         }
         if self.stage is not None:
             out["stage"] = self.stage
             out["pipeline"] = self.pipeline
+        if self.shard is not None:
+            out["shard"] = self.shard
+            out["shard_group"] = self.shard_group
         return out
 
 
@@ -153,6 +204,9 @@ def plan_from_dict(data: Any) -> Plan:
                 stage=d.get("stage"),
                 pipeline=d.get("pipeline"),
                 recompute=d.get("recompute", "none"),
+                shard=float(d["shard"]) if d.get("shard") is not None else None,
+                shard_group=d.get("shard_group"),
+                precision=d.get("precision", "fp32"),
             )
             for d in data["devices"]
         )
