@@ -127,7 +127,9 @@ def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHan
                 signal.signal(sig, handler)
 
 
-def build_state(settings: Settings) -> AppState:
+def build_state(settings: Settings, cluster: ClusterHandle | None = None) -> AppState:
+    """Everything stateful, over ``cluster`` when the caller owns one already
+    (connected per ``settings`` otherwise)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(make_engine(settings.database_url))
     interrupted = store.running()
@@ -138,7 +140,7 @@ def build_state(settings: Settings) -> AppState:
             len(interrupted),
             ", ".join(j.id for j in interrupted),
         )
-    handle = _keeping_signal_handlers(lambda: connect_cluster(settings))
+    handle = cluster or _keeping_signal_handlers(lambda: connect_cluster(settings))
     if not handle.available:
         log.warning("cluster unavailable: %s", handle.message)
     profiler = Profiler(store=store, handle=handle, cache_dir=settings.profile_cache_dir)
@@ -150,13 +152,19 @@ def build_state(settings: Settings) -> AppState:
     )
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The control plane. ``settings`` default to the ``HETSCHED_*`` environment."""
+def create_app(settings: Settings | None = None, *, cluster: ClusterHandle | None = None) -> FastAPI:
+    """The control plane. ``settings`` default to the ``HETSCHED_*`` environment.
+
+    ``cluster``: a connected cluster (Ray and its warm device workers) that outlives
+    the app; the app uses it and leaves it open, so several apps in turn (a restart in
+    a test, a notebook) share one set of warm workers. Without it the app connects
+    per ``settings`` and closes what it connected when it stops.
+    """
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings)
+        state = build_state(settings, cluster)
         app.state.hetsched = state
         if state.executor is not None:
             state.executor.start()
@@ -166,7 +174,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if state.executor is not None:
                 state.executor.shutdown()
             state.store.engine.dispose()
-            state.handle.close()
+            if cluster is None:
+                state.handle.close()
 
     app = FastAPI(
         title="hetsched",

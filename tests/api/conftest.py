@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.cli import main
 from api.core.settings import DEFAULT_CLUSTER, Settings
+from api.services import ClusterHandle, connect_cluster
 from scheduler.hardware.cluster import load_cluster
 
 
@@ -80,14 +81,28 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def warm_cluster(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    """The module's cluster handle with its warm device workers, shared by its live apps
+    as a service's one handle is shared by its jobs: each app would otherwise start four
+    worker processes of its own. A device a test took out of service is back for the next."""
+    handle = connect_cluster(make_settings(tmp_path_factory.mktemp("cluster")))
+    assert handle.available and handle.local_ray is None, handle.message
+    handle.warm()
+    yield handle
+    handle.close()
+
+
 @pytest.fixture
-def live(local_ray: None, cache_dir: Path, tmp_path: Path) -> Callable[..., TestClient]:
-    """Build a client over an app whose executor runs on the module's local Ray, with the
-    session's profile cache and the ``fifo`` policy unless ``policy=`` says otherwise;
-    the caller enters it with ``with`` (and may build a second over the same database)."""
+def live(warm_cluster: ClusterHandle, cache_dir: Path, tmp_path: Path) -> Callable[..., TestClient]:
+    """Build a client over an app whose executor runs on the module's local Ray and warm
+    workers, with the session's profile cache and the ``fifo`` policy unless ``policy=``
+    says otherwise; the caller enters it with ``with`` (and may build a second over the
+    same database)."""
+    warm_cluster.pool.mark_lost(warm_cluster.cluster.ids, lost=False)
 
     def build(**overrides: Any) -> TestClient:
         values = {"cache_dir": cache_dir, "policy": "fifo", **overrides}
-        return TestClient(create_app(make_settings(tmp_path, **values)))
+        return TestClient(create_app(make_settings(tmp_path, **values), cluster=warm_cluster))
 
     return build
