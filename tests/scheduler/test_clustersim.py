@@ -116,3 +116,45 @@ def test_min_devices_above_the_cluster_is_an_error() -> None:
 def test_bad_settings_name_the_field() -> None:
     with pytest.raises(SimulationError, match="round_s: must be a number > 0, got 0"):
         SimSettings(round_s=0)
+
+
+def test_a_job_split_across_nodes_is_put_back_together_when_room_frees() -> None:
+    """Three jobs on two 4-GPU nodes: ``c`` arrives when only two devices on each node
+    are free and runs split; once ``a`` ends, its node has room for all of ``c``, which
+    moves there and runs at its one-node rate instead of staying split for good."""
+    cluster = parse_cluster(
+        {
+            "name": "v100x2",
+            "nodes": [
+                {"name": f"n{i}", "devices": [{"type": "V100-16GB", "count": 4}]} for i in range(2)
+            ],
+        }
+    )
+    trace = [
+        TraceJob(
+            name="a", arrival_s=0, model="gpt2-small", global_batch=64, steps=2000, max_devices=2
+        ),
+        TraceJob(
+            name="b", arrival_s=0, model="gpt2-small", global_batch=64, steps=20000, max_devices=3
+        ),
+        TraceJob(
+            name="c",
+            arrival_s=600,
+            model="gpt2-small",
+            global_batch=64,
+            steps=20000,
+            min_devices=4,
+            max_devices=4,
+        ),
+    ]
+    rates = PlannedRates.for_cluster(cluster)
+    for policy in ("fair", "goodput"):
+        jobs = {j.name: j for j in simulate(cluster, trace, policy=policy, rates=rates).jobs}
+        first, last = jobs["c"].allocations[0], jobs["c"].allocations[-1]
+        nodes = {d.split("/")[0] for d in first.devices}
+        assert len(nodes) == 2, f"{policy}: the reproduction no longer splits c: {first.devices}"
+        assert last.t_s == jobs["a"].end_s, f"{policy}: c moved at {last.t_s}, not when a ended"
+        assert {d.split("/")[0] for d in last.devices} == {"n1"}, (policy, last.devices)
+        assert last.samples_per_s > first.samples_per_s
+        # b, which shrank to make room for c, grows back next to its own devices.
+        assert {d.split("/")[0] for d in jobs["b"].allocations[-1].devices} == {"n0"}
