@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
     )
     rates = PlannedRates.for_cluster(cluster)
     results = []
-    for policy in policies:
-        if not args.json:
-            print(f"simulating {policy} ...", file=sys.stderr)
-        results.append(simulate(cluster, trace, policy=policy, settings=settings, rates=rates))
+    with _stdout_to_stderr():
+        for policy in policies:
+            if not args.json:
+                print(f"simulating {policy} ...", file=sys.stderr)
+            results.append(simulate(cluster, trace, policy=policy, settings=settings, rates=rates))
     if args.json:
         print(json.dumps(report(cluster, args.trace, trace, results)))
     else:
@@ -133,6 +137,21 @@ def run(args: argparse.Namespace) -> int:
     if args.chart:
         write_chart(results, args.chart)
     return 0
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what native code writes to file descriptor 1 (HiGHS may print a line) to
+    stderr while the replay runs, so ``--json`` prints the JSON and nothing else."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def report(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from api.cli import main
 from scheduler.clustersim.trace import load_trace
 from tests.api.conftest import run_cli
 
@@ -57,6 +59,28 @@ def test_json_is_one_object_of_the_documented_shape(
             first = j["allocations"][0]
             assert first["devices"] and first["samples_per_s"] > 0 and first["t_s"] == j["start_s"]
             assert all(d.split("/")[0] in {"a", "t"} for d in first["devices"])
+
+
+def test_json_stays_the_only_output_when_native_code_prints(
+    files: tuple[Path, Path], capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HiGHS writes to file descriptor 1 from C, past ``sys.stdout``: a line it printed
+    once came before the JSON. Such writes go to stderr while the replay runs."""
+    from api.commands import cluster_sim
+
+    real = cluster_sim.simulate
+
+    def noisy(*args: object, **kwargs: object) -> object:
+        os.write(1, b"Running HiGHS 1.x (native stdout)\n")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster_sim, "simulate", noisy)
+    cluster, trace = files
+    code = main(["cluster-sim", "--cluster", str(cluster), "--trace", str(trace), "--json"])
+    out, err = capfd.readouterr()
+    assert code == 0
+    assert [p["policy"] for p in json.loads(out)["policies"]] == ["fifo", "fair", "goodput"]
+    assert "Running HiGHS" in err
 
 
 def test_table_compares_policies_with_fifo(
