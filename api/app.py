@@ -152,7 +152,9 @@ def build_state(settings: Settings, cluster: ClusterHandle | None = None) -> App
     )
 
 
-def create_app(settings: Settings | None = None, *, cluster: ClusterHandle | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, cluster: ClusterHandle | None = None
+) -> FastAPI:
     """The control plane. ``settings`` default to the ``HETSCHED_*`` environment.
 
     ``cluster``: a connected cluster (Ray and its warm device workers) that outlives

@@ -82,7 +82,9 @@ def local_ray() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def warm_cluster(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+def warm_cluster(
+    local_ray: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterHandle]:
     """The module's cluster handle with its warm device workers, shared by its live apps
     as a service's one handle is shared by its jobs: each app would otherwise start four
     worker processes of its own. A device a test took out of service is back for the next."""
