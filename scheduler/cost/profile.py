@@ -248,13 +248,14 @@ def _with_derived_recompute_all(
     """:func:`with_derived_recompute` for every device, derived once per distinct set of
     figures: the derivation depends on the figures and the model, not on the device, and
     a large cluster has many devices of each type."""
-    derived: dict[DeviceProfile, DeviceProfile] = {}
+    derived: dict[tuple[Any, ...], DeviceProfile] = {}
     out = []
     for d in devices:
-        key = replace(d, id="", node="")
+        key = (d.per_sample_bytes, d.per_sample_s, d.selective, d.full, d.layers)
         if key not in derived:
-            derived[key] = with_derived_recompute(key, preset)
-        out.append(replace(derived[key], id=d.id, node=d.node))
+            derived[key] = with_derived_recompute(d, preset)
+        done = derived[key]
+        out.append(replace(d, layers=done.layers, selective=done.selective, full=done.full))
     return out
 
 
