@@ -390,15 +390,17 @@ def analytic_profile(
     # devices the per-device derivation was most of the time `hetsched plan` took).
     figures: dict[tuple[str, float], _DeviceFigures] = {}
     capacities: dict[int, int] = {}
+    static_bytes = model.model_state_bytes
     devices = []
     for d in cluster.devices:
         kind = (d.type, d.peak_tflops)
         if kind not in figures:
             rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
             figures[kind] = _DeviceFigures.of(analytic_layers(model, rates))
-        if d.memory_bytes not in capacities:
-            capacities[d.memory_bytes] = usable_capacity_bytes(
-                d.memory_bytes, simulated=simulated, memory_scale=cluster.simulation.memory_scale
+        memory_bytes = d.memory_bytes
+        if memory_bytes not in capacities:
+            capacities[memory_bytes] = usable_capacity_bytes(
+                memory_bytes, simulated=simulated, memory_scale=cluster.simulation.memory_scale
             )
         f = figures[kind]
         devices.append(
@@ -406,8 +408,8 @@ def analytic_profile(
                 id=d.id,
                 node=d.node,
                 type=d.type,
-                capacity_bytes=capacities[d.memory_bytes],
-                static_bytes=model.model_state_bytes,
+                capacity_bytes=capacities[memory_bytes],
+                static_bytes=static_bytes,
                 per_sample_bytes=f.per_sample_bytes,
                 fixed_s=f.fixed_s,
                 per_sample_s=f.per_sample_s,
