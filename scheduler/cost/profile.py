@@ -246,16 +246,21 @@ def _with_derived_recompute_all(
     devices: list[DeviceProfile], preset: ModelPreset
 ) -> list[DeviceProfile]:
     """:func:`with_derived_recompute` for every device, derived once per distinct set of
-    figures: the derivation depends on the figures and the model, not on the device, and
-    a large cluster has many devices of each type."""
+    the figures it reads: they depend on those figures and the model, not on the
+    device, and a large cluster has many devices of each type."""
     derived: dict[tuple[Any, ...], DeviceProfile] = {}
     out = []
     for d in devices:
-        key = (d.per_sample_bytes, d.per_sample_s, d.selective, d.full, d.layers)
-        if key not in derived:
-            derived[key] = with_derived_recompute(d, preset)
-        done = derived[key]
-        out.append(replace(d, layers=done.layers, selective=done.selective, full=done.full))
+        b = d.layers.block if d.layers is not None else None
+        block_key = None if b is None else (b.per_sample_bytes, b.per_sample_s, b.selective, b.full)
+        key = (d.per_sample_bytes, d.per_sample_s, d.selective, d.full, block_key)
+        done = derived.get(key)
+        if done is None:
+            done = derived[key] = with_derived_recompute(d, preset)
+        layers = d.layers
+        if layers is not None and done.layers is not None:
+            layers = replace(layers, block=done.layers.block)
+        out.append(replace(d, layers=layers, selective=done.selective, full=done.full))
     return out
 
 
