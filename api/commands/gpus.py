@@ -1,7 +1,7 @@
 """``hetsched gpus``: the GPU catalogue that cluster specs and analytic profiles draw on.
 
-hetsched gpus           a table: key, name, TFLOP/s, memory, bandwidth, source
-hetsched gpus --json    the same as a JSON list
+hetsched gpus           a table: key, name, TFLOP/s, memory, bandwidth, power, source
+hetsched gpus --json    every figure, the interconnect and the source's address, as JSON
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
                         "peak_tflops": g.peak_tflops,
                         "memory_gb": g.memory_gb,
                         "bandwidth_gbps": g.bandwidth_gbps,
+                        "fp32_tflops": g.fp32_tflops,
+                        "tdp_w": g.tdp_w,
+                        "interconnect": g.interconnect,
                         "source": g.source,
+                        "url": g.url,
                     }
                     for g in gpus
                 ],
@@ -46,11 +50,22 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    headers = ["KEY", "NAME", "TFLOP/S", "MEMORY GB", "BANDWIDTH GB/S", "SOURCE"]
+    headers = ["KEY", "NAME", "TFLOP/S", "MEMORY GB", "BANDWIDTH GB/S", "POWER W", "SOURCE"]
     rows = [
-        [g.key, g.name, f"{g.peak_tflops:g}", f"{g.memory_gb:g}", f"{g.bandwidth_gbps:g}", g.source]
+        [
+            g.key,
+            g.name,
+            f"{g.peak_tflops:g}",
+            f"{g.memory_gb:g}",
+            f"{g.bandwidth_gbps:g}",
+            f"{g.tdp_w:g}",
+            f"{g.source} <{g.url}>",
+        ]
         for g in gpus
     ]
-    print(format_table(headers, rows, right={2, 3, 4}))
-    print("\nTFLOP/s: peak dense bf16/fp16 tensor math (fp32 accumulate), vendor figures.")
+    print(format_table(headers, rows, right={2, 3, 4, 5}))
+    print(
+        "\nTFLOP/s: peak dense bf16/fp16 tensor math with fp32 accumulate (fp32 where 16-bit"
+        "\nmath has no speed-up), vendor figures; `--json` adds fp32 and the interconnect."
+    )
     return 0

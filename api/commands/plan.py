@@ -57,7 +57,8 @@ def add_parser(subparsers: Any) -> None:
         type=float,
         metavar="F",
         help="with --cluster: share of peak FLOP/s every device reaches "
-        f"(default: each GPU's own, {DEFAULT_EFFICIENCY} for most, less for 70 W cards)",
+        f"(e.g. {DEFAULT_EFFICIENCY}; default: each GPU's sustained rate from published "
+        "measurements, far below peak for 70 W cards)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
 

@@ -214,7 +214,7 @@ def profile_from_dict(data: Any) -> Profile:
         )
     preset = PRESETS.get(model)
     if preset is not None:
-        devices = [with_derived_recompute(d, preset) for d in devices]
+        devices = _with_derived_recompute_all(devices, preset)
     raw_links = data.get("links") or {}
     if not isinstance(raw_links, dict):
         raise ProfileError("profile: links must be an object")
@@ -240,6 +240,28 @@ def profile_from_dict(data: Any) -> Profile:
         gradient_bytes=gradient_bytes,
         source=str(source),
     )
+
+
+def _with_derived_recompute_all(
+    devices: list[DeviceProfile], preset: ModelPreset
+) -> list[DeviceProfile]:
+    """:func:`with_derived_recompute` for every device, derived once per distinct set of
+    the figures it reads: they depend on those figures and the model, not on the
+    device, and a large cluster has many devices of each type."""
+    derived: dict[tuple[Any, ...], DeviceProfile] = {}
+    out = []
+    for d in devices:
+        b = d.layers.block if d.layers is not None else None
+        block_key = None if b is None else (b.per_sample_bytes, b.per_sample_s, b.selective, b.full)
+        key = (d.per_sample_bytes, d.per_sample_s, d.selective, d.full, block_key)
+        done = derived.get(key)
+        if done is None:
+            done = derived[key] = with_derived_recompute(d, preset)
+        layers = d.layers
+        if layers is not None and done.layers is not None:
+            layers = replace(layers, block=done.layers.block)
+        out.append(replace(d, layers=layers, selective=done.selective, full=done.full))
+    return out
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -316,6 +338,37 @@ def _whole(layers: LayerProfile, option: Option) -> tuple[float, float, int]:
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _DeviceFigures:
+    """What every device of one kind shares in an analytic profile."""
+
+    layers: LayerProfile
+    fixed_s: float
+    per_sample_s: float
+    per_sample_bytes: int
+    selective: RecomputeCost | None
+    full: RecomputeCost | None
+
+    @classmethod
+    def of(cls, layers: LayerProfile) -> _DeviceFigures:
+        plain, *recompute = layers.block.options()
+        fixed_s, per_sample_s, per_sample_bytes = _whole(layers, plain)
+        costs = {}
+        for option in recompute:
+            fixed, per_sample, nbytes = _whole(layers, option)
+            costs[option.recompute] = RecomputeCost(
+                per_sample_bytes=nbytes, per_sample_s=per_sample, fixed_s=fixed
+            )
+        return cls(
+            layers=layers,
+            fixed_s=fixed_s,
+            per_sample_s=per_sample_s,
+            per_sample_bytes=per_sample_bytes,
+            selective=costs.get("selective"),
+            full=costs.get("full"),
+        )
+
+
 def analytic_profile(
     cluster: Cluster,
     model: ModelPreset,
@@ -331,41 +384,43 @@ def analytic_profile(
     (:mod:`scheduler.models.activations`).
 
     ``efficiency``: one share of peak FLOP/s for every device instead of each GPU's
-    own (:data:`scheduler.hardware.catalogue.DEFAULT_FLOPS_SHARE`, lower for power-capped cards).
+    own sustained rate (:func:`scheduler.cost.roofline.sustained_gemm_tflops`).
     ``simulated``: capacities are those of the cluster's simulated devices
     (:func:`scheduler.hardware.capacity.usable_capacity_bytes`).
     """
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
+    # A device's figures depend only on its type (and a spec's peak override) and its
+    # memory: derive them once per kind, not once per device (issue 20: at 16,384
+    # devices the per-device derivation was most of the time `hetsched plan` took).
+    figures: dict[tuple[str, float], _DeviceFigures] = {}
+    capacities: dict[int, int] = {}
+    static_bytes = model.model_state_bytes
     devices = []
     for d in cluster.devices:
-        rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
-        layers = analytic_layers(model, rates)
-        plain, *recompute = layers.block.options()
-        fixed_s, per_sample_s, per_sample_bytes = _whole(layers, plain)
-        costs = {}
-        for option in recompute:
-            fixed, per_sample, nbytes = _whole(layers, option)
-            costs[option.recompute] = RecomputeCost(
-                per_sample_bytes=nbytes, per_sample_s=per_sample, fixed_s=fixed
+        kind = (d.type, d.peak_tflops)
+        if kind not in figures:
+            rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
+            figures[kind] = _DeviceFigures.of(analytic_layers(model, rates))
+        memory_bytes = d.memory_bytes
+        if memory_bytes not in capacities:
+            capacities[memory_bytes] = usable_capacity_bytes(
+                memory_bytes, simulated=simulated, memory_scale=cluster.simulation.memory_scale
             )
+        f = figures[kind]
         devices.append(
             DeviceProfile(
                 id=d.id,
                 node=d.node,
                 type=d.type,
-                capacity_bytes=usable_capacity_bytes(
-                    d.memory_bytes,
-                    simulated=simulated,
-                    memory_scale=cluster.simulation.memory_scale,
-                ),
-                static_bytes=model.model_state_bytes,
-                per_sample_bytes=per_sample_bytes,
-                fixed_s=fixed_s,
-                per_sample_s=per_sample_s,
-                layers=layers,
-                selective=costs.get("selective"),
-                full=costs.get("full"),
+                capacity_bytes=capacities[memory_bytes],
+                static_bytes=static_bytes,
+                per_sample_bytes=f.per_sample_bytes,
+                fixed_s=f.fixed_s,
+                per_sample_s=f.per_sample_s,
+                layers=f.layers,
+                selective=f.selective,
+                full=f.full,
             )
         )
     return Profile(

@@ -1,25 +1,37 @@
 """Analytic speed: every piece of the model as a roofline on a GPU of the catalogue.
 
-A kernel runs at the slower of its FLOPs at the share of peak tensor throughput
-training sustains and its bytes at the share of memory bandwidth streaming
-kernels reach (Williams, Waterman & Patterson, "Roofline", CACM 2009); shares per
-GPU in :mod:`scheduler.hardware.catalogue`, kernel classes in :func:`block_time`.
+A kernel runs at the slower of its FLOPs at the rate matrix products sustain and
+its bytes at the bandwidth streaming kernels reach (Williams, Waterman &
+Patterson, "Roofline", CACM 2009). Neither rate is the datasheet's; both come
+from what sets them on each part (:func:`sustained_gemm_tflops`,
+:func:`sustained_bandwidth_gbps`):
 
-Checked against published figures (tests/scheduler/test_roofline.py): on a
-2.7B-parameter GPT at micro-batch 1–4, relative speeds V100 : L4 ≈ 2.7 and
-T4 : L4 ≈ 1 (per-layer measurements quoted by issue 12), A100 : V100 within
-1.95×–2.5× for language models in fp16 (Lambda's estimate from NVIDIA's
-published numbers, "NVIDIA A100 GPU Benchmarks for Deep Learning", 2020), and
-the T4's sustained 24 TFLOP/s (a measured cuBLAS GEMM, see the catalogue). The
-model gives 2.6, 1.0 and 2.5. The L4's share is fitted to the first ratio; the
-others are not fitted.
+- **matrix products** run at a published large-GEMM rate where one exists for
+  the part (``GpuSpec.measured_gemm_tflops``), else at the share of peak its
+  segment's measured parts reach (:data:`GEMM_SHARE`). GeForce cards accumulate
+  fp16 products in fp32 at half their fp16-accumulate rate, and their catalogue
+  peak is already that half rate (NVIDIA's GA102 and Ada whitepapers list both);
+  they sustain it in full, boosting above the clock it is quoted at.
+- **power-capped cards** (at most :data:`POWER_CAPPED_W`: T4, L4, A2, A16) run
+  matrix products far below peak because the cap, not the clock, binds: at most
+  ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
+  (:data:`TFLOPS_PER_W`).
+- **memory-bound kernels** (norms, activations, residuals, softmax, the fp32
+  cross-entropy, weight reads) stream at a published measured bandwidth where
+  there is one, else at :data:`BANDWIDTH_SHARE` of the datasheet's.
+- **attention**: the ``math`` kernel runs its two products as GEMMs and streams
+  its score matrix through every elementwise step (:data:`MATH_SCORE_PASSES`);
+  the fused kernels run at :data:`FUSED_ATTENTION_SHARE` of the GEMM rate.
+
+Checked against published per-layer measurements by
+tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.hardware.catalogue import GpuSpec
+from scheduler.hardware.catalogue import GpuSpec, Segment
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import ModelPreset
 
@@ -34,6 +46,60 @@ BYTES_16BIT = 2
 LOGITS_FP32_PASSES = 4
 """The fp32 logits: written, read by the softmax, its gradient written and read."""
 
+GEMM_SHARE: dict[Segment, float] = {"datacenter": 0.75, "workstation": 0.61, "geforce": 1.0}
+"""Share of ``peak_tflops`` a large fp16 GEMM sustains, by segment, for parts without a
+published measurement. From Mu Li's transformers-benchmarks (8192² fp16 matmul in
+PyTorch): A100 230 of 312 and V100 95 of 125 (datacenter, 0.74 and 0.76); RTX A6000
+95 of 154.8 (a 300 W professional card at its cap, 0.61); RTX 3090 Ti 81 of 80 and
+RTX 4090 172 of 165 (GeForce above their quoted boost clock, 1.0)."""
+POWER_CAPPED_W = 75.0
+"""Cards at or below this board power hold their cap by running below their boost clock."""
+TFLOPS_PER_W: dict[str, float] = {
+    "turing": 24.0 / 70,
+    "ampere-ga10x": 95.0 / 300,
+    "ada": 172.0 / 450,
+}
+"""Sustained fp16 GEMM TFLOP/s per watt of board power, per architecture, measured on a
+card of it: T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462), RTX A6000 95
+at its 300 W cap and RTX 4090 172 at 450 W (Mu Li's transformers-benchmarks; the 4090
+figure is a lower bound, its cap may not bind)."""
+BANDWIDTH_SHARE = 0.85
+"""Share of datasheet bandwidth streaming kernels reach where none is measured: the
+median of the measured A100 (0.79), A6000 (0.85), V100 (0.87), RTX 3090 Ti (0.85) and
+RTX 4090 (0.93) (vector multiply in Mu Li's transformers-benchmarks)."""
+MATH_SCORE_PASSES = 10
+"""16-bit element accesses of the ``math`` attention's score matrix in the forward
+pass: written by the product with K; read and written by the scaling, the mask, the
+softmax and the dropout; read by the product with V (Hugging Face's BERT and GPT-2
+attention run these as separate kernels). The backward pass moves about twice that."""
+FUSED_ATTENTION_SHARE = 0.8
+"""Share of the GEMM rate the fused (flash, memory-efficient) attention kernels reach
+forward + backward: FlashAttention-2 reaches 50–73 % of the A100's peak (Dao, 2023),
+against about 74 % for a large GEMM."""
+
+
+def sustained_gemm_tflops(gpu: GpuSpec, *, peak_tflops: float | None = None) -> float:
+    """TFLOP/s ``gpu`` sustains in a training step's matrix products (module docstring).
+
+    ``peak_tflops``: a spec's override of the catalogue peak; the sustained rate scales
+    with it."""
+    peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
+    if gpu.measured_gemm_tflops is not None:
+        rate = gpu.measured_gemm_tflops * peak / gpu.peak_tflops
+    else:
+        rate = peak * GEMM_SHARE[gpu.segment]
+    per_watt = TFLOPS_PER_W.get(gpu.architecture)
+    if gpu.tdp_w <= POWER_CAPPED_W and per_watt is not None:
+        rate = min(rate, gpu.tdp_w * per_watt)
+    return rate
+
+
+def sustained_bandwidth_gbps(gpu: GpuSpec) -> float:
+    """GB/s ``gpu``'s streaming kernels reach (module docstring)."""
+    if gpu.measured_bandwidth_gbps is not None:
+        return gpu.measured_bandwidth_gbps
+    return gpu.bandwidth_gbps * BANDWIDTH_SHARE
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rates:
@@ -41,19 +107,20 @@ class Rates:
 
     flops_per_s: float
     bytes_per_s: float
+    fused_attention_share: float = FUSED_ATTENTION_SHARE
 
     @classmethod
     def of(
         cls, gpu: GpuSpec, *, peak_tflops: float | None = None, flops_share: float | None = None
     ) -> Rates:
-        """``gpu``'s sustained rates; ``peak_tflops`` (a spec override) and ``flops_share``
-        (``--efficiency``) replace the catalogue's when given."""
-        peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
-        share = gpu.flops_share if flops_share is None else flops_share
-        return cls(
-            flops_per_s=peak * 1e12 * share,
-            bytes_per_s=gpu.bandwidth_gbps * 1e9 * gpu.bandwidth_share,
-        )
+        """``gpu``'s sustained rates; ``peak_tflops`` (a spec override) scales them, and
+        ``flops_share`` (``--efficiency``) replaces the sustained GEMM rate by that share of
+        the peak."""
+        if flops_share is None:
+            tflops = sustained_gemm_tflops(gpu, peak_tflops=peak_tflops)
+        else:
+            tflops = (gpu.peak_tflops if peak_tflops is None else peak_tflops) * flops_share
+        return cls(flops_per_s=tflops * 1e12, bytes_per_s=sustained_bandwidth_gbps(gpu) * 1e9)
 
     def time_s(self, *, flops: float, num_bytes: float) -> float:
         """One kernel class: the slower of its compute and its memory traffic."""
@@ -89,11 +156,11 @@ def _attention_core(model: ModelPreset, rates: Rates) -> float:
     """Forward + backward time of the attention core for one sample."""
     s, h, a = model.seq_len, model.d_model, model.num_heads
     flops = 3.0 * 4 * s * s * h
-    num_bytes = 0.0
-    if model.attention == "math":
-        # scores written, softmax read and written, read by the product with V
-        num_bytes = ELEMENTWISE_PASSES * BYTES_16BIT * 4.0 * a * s * s
-    return rates.time_s(flops=flops, num_bytes=num_bytes)
+    if model.attention != "math":
+        return flops / (rates.flops_per_s * rates.fused_attention_share)
+    score_bytes = ELEMENTWISE_PASSES * BYTES_16BIT * MATH_SCORE_PASSES * a * s * s
+    # the products and the streaming of the scores run as separate kernels: they add
+    return flops / rates.flops_per_s + score_bytes / rates.bytes_per_s
 
 
 def block_time(model: ModelPreset, rates: Rates, recompute: Recompute = "none") -> PieceTime:

@@ -1,226 +1,723 @@
-"""The GPU catalogue: peak dense tensor throughput, memory and bandwidth.
+"""The GPU catalogue: vendor figures of every accelerator a cluster spec may name.
 
-Figures are vendor datasheet peaks for dense (not 2:4 sparse) bf16/fp16
-tensor math with fp32 accumulation, which is what mixed-precision training
-runs, and memory bandwidth. Datasheet peaks are not what training sustains:
-analytic profiles (:mod:`scheduler.cost.roofline`) run each kernel at the share of
-peak FLOP/s (``flops_share``) or of bandwidth (``bandwidth_share``) it can
-reach. Most cards reach about half their tensor peak in a training step's
-matrix products; cards capped at 70–75 W (T4, L4) reach much less, because
-they hold their power limit by running far below their boost clock. Measured
-profiles replace all of this. Keys are ``MODEL-MEMORY`` as people say them
-(``H100-80GB``) and are matched case-insensitively.
+Each entry carries what the vendor publishes, with the document it comes from
+(``source`` and ``url``): peak dense (not 2:4 sparse) 16-bit tensor throughput
+with fp32 accumulation, which is what mixed-precision training runs
+(``peak_tflops``; for cards without a 16-bit speed-up, the fp32 rate), the fp32
+rate, memory, bandwidth, board power and interconnect. Datasheet peaks are not
+what training sustains: :mod:`scheduler.cost.roofline` derives the sustained
+rates from these figures and the published measurements carried here
+(``measured_*``). Keys are ``MODEL-MEMORY`` as people say them (``H100-80GB``)
+and are matched case-insensitively.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 GIB = 2**30
 DEFAULT_FLOPS_SHARE = 0.5
-"""Share of peak dense 16-bit tensor FLOP/s a training step's matrix products sustain.
+"""The share of peak ``--efficiency`` suggests when a user wants one share for all."""
 
-Megatron-LM reaches 52 % of the A100's peak end to end at scale with fused kernels
-(Narayanan et al., SC'21, Table 1); PyTorch eager training of a few-billion-parameter
-GPT typically reaches 40–50 %. The planner's relative speeds, not this level, decide
-splits; ``--efficiency`` overrides it for every device."""
-DEFAULT_BANDWIDTH_SHARE = 0.8
-"""Share of datasheet memory bandwidth that streaming (elementwise) kernels reach:
-STREAM-like copies reach 80–90 % on HBM and GDDR cards."""
+Segment = Literal["datacenter", "workstation", "geforce"]
+"""Who the part is sold to; it decides what share of its peak a GEMM sustains when no
+measurement is at hand (:func:`scheduler.cost.roofline.sustained_gemm_tflops`)."""
+Architecture = Literal[
+    "kepler",
+    "pascal",
+    "volta",
+    "turing",
+    "ampere-ga100",
+    "ampere-ga10x",
+    "ada",
+    "hopper",
+    "blackwell",
+    "cdna2",
+    "cdna3",
+    "gaudi2",
+]
+Precision = Literal["fp32", "fp16", "bf16"]
+NO_BF16_TENSOR: frozenset[str] = frozenset({"kepler", "pascal", "volta", "turing"})
+"""Architectures whose tensor cores (if any) have no bf16 mode: bf16 runs at fp32 speed."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GpuSpec:
+    """One accelerator type: vendor figures, where they come from, and the published
+    measurements of it that the analytic speed model uses."""
+
     key: str
     """Catalogue key, ``MODEL-MEMORY``."""
     name: str
     """Marketing name."""
     peak_tflops: float
-    """Peak dense bf16/fp16 tensor TFLOP/s (fp32 accumulate)."""
+    """Peak dense bf16/fp16 tensor TFLOP/s with fp32 accumulate (fp32 where 16-bit
+    math has no speed-up: Kepler, the P40)."""
+    fp32_tflops: float | None
+    """Peak fp32 (non-tensor) TFLOP/s; None where the vendor's document gives none."""
     memory_gb: float
     """Device memory in GiB, as sold."""
     bandwidth_gbps: float
     """Memory bandwidth in GB/s."""
+    tdp_w: float
+    """Board power (TDP/TBP) in W; for a multi-GPU board, its share per GPU."""
+    interconnect: str
+    """Host and peer links as the vendor lists them."""
     source: str
-    """Where the figures come from."""
-    flops_share: float = DEFAULT_FLOPS_SHARE
-    """Share of ``peak_tflops`` that training matrix products sustain (see module docstring)."""
-    bandwidth_share: float = DEFAULT_BANDWIDTH_SHARE
-    """Share of ``bandwidth_gbps`` that elementwise kernels reach."""
+    """The document the figures come from."""
+    url: str
+    """Where that document is published."""
+    segment: Segment
+    architecture: Architecture
+    fp16_accumulate_tflops: float | None = None
+    """GeForce cards only: the fp16 tensor rate with fp16 accumulate, twice
+    ``peak_tflops`` (NVIDIA's GA102 and Ada whitepapers list both; training
+    accumulates in fp32, at half this rate)."""
+    measured_gemm_tflops: float | None = None
+    """A published large fp16 GEMM rate (``measured_source``), when there is one."""
+    measured_bandwidth_gbps: float | None = None
+    """A published streaming-kernel bandwidth (``measured_source``), when there is one."""
+    measured_source: str = ""
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gb * GIB)
 
+    def peak_tflops_at(self, precision: Precision) -> float:
+        """Peak dense TFLOP/s of matrix products in ``precision`` (no TF32: PyTorch's
+        default keeps fp32 products in fp32)."""
+        if precision == "fp32" or (precision == "bf16" and self.architecture in NO_BF16_TENSOR):
+            if self.fp32_tflops is None:
+                raise ValueError(f"{self.key}: the vendor publishes no fp32 rate ({self.source})")
+            return self.fp32_tflops
+        return self.peak_tflops
+
+
+MLI = (
+    "Mu Li, transformers-benchmarks, micro-benchmark summary (fp16 8192² matmul; "
+    "vector multiply): https://github.com/mli/transformers-benchmarks"
+)
+GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
+ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+H100_DS = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+V100_DS = (
+    "https://images.nvidia.com/content/technologies/volta/pdf/"
+    "volta-v100-datasheet-update-us-1165301-r5.pdf"
+)
+A100_DS = (
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+)
 
 _GPUS = [
+    GpuSpec(
+        key="B200-180GB",
+        name="NVIDIA B200 (HGX B200)",
+        peak_tflops=2250.0,
+        fp32_tflops=None,
+        memory_gb=180,
+        bandwidth_gbps=8000,
+        tdp_w=1000,
+        interconnect="NVLink 5, 1.8 TB/s; PCIe 5.0 x16",
+        source="NVIDIA HGX B200 specifications, per GPU of eight (dense = half the sparse 4.5 PF)",
+        url="https://www.nvidia.com/en-us/data-center/hgx/",
+        segment="datacenter",
+        architecture="blackwell",
+    ),
+    GpuSpec(
+        key="GH200-96GB",
+        name="NVIDIA GH200 Grace Hopper Superchip (HBM3)",
+        peak_tflops=989.0,
+        fp32_tflops=67.0,
+        memory_gb=96,
+        bandwidth_gbps=4000,
+        tdp_w=1000,
+        interconnect="NVLink-C2C to Grace, 900 GB/s; NVLink 4, 900 GB/s",
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet (module power 450-1000 W, "
+        "CPU included)",
+        url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+        segment="datacenter",
+        architecture="hopper",
+    ),
+    GpuSpec(
+        key="GH200-144GB",
+        name="NVIDIA GH200 Grace Hopper Superchip (HBM3e)",
+        peak_tflops=989.0,
+        fp32_tflops=67.0,
+        memory_gb=144,
+        bandwidth_gbps=4900,
+        tdp_w=1000,
+        interconnect="NVLink-C2C to Grace, 900 GB/s; NVLink 4, 900 GB/s",
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet, HBM3e version",
+        url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+        segment="datacenter",
+        architecture="hopper",
+    ),
     GpuSpec(
         key="H200-141GB",
         name="NVIDIA H200 SXM",
         peak_tflops=989.0,
+        fp32_tflops=67.0,
         memory_gb=141,
         bandwidth_gbps=4800,
+        tdp_w=700,
+        interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
         source="NVIDIA H200 datasheet (2024)",
+        url="https://www.nvidia.com/en-us/data-center/h200/",
+        segment="datacenter",
+        architecture="hopper",
     ),
     GpuSpec(
         key="H100-80GB",
         name="NVIDIA H100 SXM5",
         peak_tflops=989.0,
+        fp32_tflops=67.0,
         memory_gb=80,
         bandwidth_gbps=3350,
+        tdp_w=700,
+        interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
         source="NVIDIA H100 datasheet, SXM column (2023)",
+        url=H100_DS,
+        segment="datacenter",
+        architecture="hopper",
+    ),
+    GpuSpec(
+        key="H100NVL-94GB",
+        name="NVIDIA H100 NVL",
+        peak_tflops=835.0,
+        fp32_tflops=60.0,
+        memory_gb=94,
+        bandwidth_gbps=3900,
+        tdp_w=400,
+        interconnect="NVLink bridge, 600 GB/s; PCIe 5.0 x16, 128 GB/s",
+        source="NVIDIA H100 datasheet, NVL column (dense = half the sparse 1,671)",
+        url=H100_DS,
+        segment="datacenter",
+        architecture="hopper",
     ),
     GpuSpec(
         key="H100PCIE-80GB",
         name="NVIDIA H100 PCIe",
         peak_tflops=756.0,
+        fp32_tflops=51.0,
         memory_gb=80,
         bandwidth_gbps=2000,
+        tdp_w=350,
+        interconnect="NVLink bridge, 600 GB/s; PCIe 5.0 x16, 128 GB/s",
         source="NVIDIA H100 datasheet, PCIe column (2023)",
+        url=H100_DS,
+        segment="datacenter",
+        architecture="hopper",
+    ),
+    GpuSpec(
+        key="H20-96GB",
+        name="NVIDIA H20",
+        peak_tflops=148.0,
+        fp32_tflops=44.0,
+        memory_gb=96,
+        bandwidth_gbps=4000,
+        tdp_w=400,
+        interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
+        source="NVIDIA publishes no H20 datasheet; figures as reported from partner "
+        "specification sheets (fp32 44 TFLOP/s: zangshuxian.com/new/674733024499207168)",
+        url="https://willitrunai.com/es/gpus/h20-96gb",
+        segment="datacenter",
+        architecture="hopper",
     ),
     GpuSpec(
         key="A100-80GB",
         name="NVIDIA A100 SXM4 80GB",
         peak_tflops=312.0,
+        fp32_tflops=19.5,
         memory_gb=80,
         bandwidth_gbps=2039,
+        tdp_w=400,
+        interconnect="NVLink 3, 600 GB/s; PCIe 4.0 x16",
         source="NVIDIA A100 datasheet (2021)",
+        url=A100_DS,
+        segment="datacenter",
+        architecture="ampere-ga100",
+        measured_gemm_tflops=230.0,
+        measured_bandwidth_gbps=1616.0,
+        measured_source=MLI,
     ),
     GpuSpec(
         key="A100-40GB",
         name="NVIDIA A100 SXM4 40GB",
         peak_tflops=312.0,
+        fp32_tflops=19.5,
         memory_gb=40,
         bandwidth_gbps=1555,
+        tdp_w=400,
+        interconnect="NVLink 3, 600 GB/s; PCIe 4.0 x16",
         source="NVIDIA A100 datasheet (2021)",
+        url=A100_DS,
+        segment="datacenter",
+        architecture="ampere-ga100",
+        measured_gemm_tflops=230.0,
+        measured_source=MLI + " (the 80 GB part; same chip and clocks)",
+    ),
+    GpuSpec(
+        key="A30-24GB",
+        name="NVIDIA A30",
+        peak_tflops=165.0,
+        fp32_tflops=10.3,
+        memory_gb=24,
+        bandwidth_gbps=933,
+        tdp_w=165,
+        interconnect="NVLink 3 bridge, 200 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA A30 datasheet (dense = half the sparse 330)",
+        url="https://www.nvidia.com/en-us/data-center/products/a30-gpu/",
+        segment="datacenter",
+        architecture="ampere-ga100",
     ),
     GpuSpec(
         key="L40S-48GB",
         name="NVIDIA L40S",
         peak_tflops=362.0,
+        fp32_tflops=91.6,
         memory_gb=48,
         bandwidth_gbps=864,
+        tdp_w=350,
+        interconnect="PCIe 4.0 x16, 64 GB/s; no NVLink",
         source="NVIDIA L40S datasheet (2023)",
+        url="https://www.nvidia.com/en-us/data-center/l40s/",
+        segment="datacenter",
+        architecture="ada",
+    ),
+    GpuSpec(
+        key="L40-48GB",
+        name="NVIDIA L40",
+        peak_tflops=181.05,
+        fp32_tflops=90.5,
+        memory_gb=48,
+        bandwidth_gbps=864,
+        tdp_w=300,
+        interconnect="PCIe 4.0 x16, 64 GB/s; no NVLink",
+        source="NVIDIA L40 datasheet (dense = half the sparse 362.1)",
+        url="https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf",
+        segment="datacenter",
+        architecture="ada",
+    ),
+    GpuSpec(
+        key="A40-48GB",
+        name="NVIDIA A40",
+        peak_tflops=149.7,
+        fp32_tflops=37.4,
+        memory_gb=48,
+        bandwidth_gbps=696,
+        tdp_w=300,
+        interconnect="NVLink bridge, 112.5 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA A40 datasheet (dense = half the sparse 299.4)",
+        url="https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf",
+        segment="workstation",
+        architecture="ampere-ga10x",
     ),
     GpuSpec(
         key="A10G-24GB",
         name="NVIDIA A10G (AWS G5)",
         peak_tflops=70.0,
+        fp32_tflops=31.2,
         memory_gb=24,
         bandwidth_gbps=600,
+        tdp_w=300,
+        interconnect="PCIe 4.0 x16",
         source="AWS G5 figures; NVIDIA publishes no A10G datasheet (the A10's gives 125)",
+        url="https://aws.amazon.com/ec2/instance-types/g5/",
+        segment="datacenter",
+        architecture="ampere-ga10x",
     ),
     GpuSpec(
         key="A10-24GB",
         name="NVIDIA A10",
         peak_tflops=125.0,
+        fp32_tflops=31.2,
         memory_gb=24,
         bandwidth_gbps=600,
+        tdp_w=150,
+        interconnect="PCIe 4.0 x16, 64 GB/s",
         source="NVIDIA A10 datasheet (2021)",
+        url="https://www.nvidia.com/en-us/data-center/products/a10-gpu/",
+        segment="datacenter",
+        architecture="ampere-ga10x",
     ),
     GpuSpec(
         key="L4-24GB",
         name="NVIDIA L4",
         peak_tflops=121.0,
+        fp32_tflops=30.3,
         memory_gb=24,
         bandwidth_gbps=300,
+        tdp_w=72,
+        interconnect="PCIe 4.0 x16, 64 GB/s",
         source="NVIDIA L4 datasheet (2023)",
-        # 72 W card: it holds its power cap far below its 2040 MHz boost clock. No
-        # published sustained GEMM rate found; 0.2 (24 TFLOP/s, the T4's measured rate)
-        # reproduces the published per-layer GPT-2.7B ratios V100 : L4 ≈ 2.7 and
-        # T4 : L4 ≈ 1 that issue 12 quotes (tests/scheduler/test_roofline.py).
-        flops_share=0.2,
+        url="https://www.nvidia.com/en-us/data-center/l4/",
+        segment="datacenter",
+        architecture="ada",
+    ),
+    GpuSpec(
+        key="A2-16GB",
+        name="NVIDIA A2",
+        peak_tflops=36.0,
+        fp32_tflops=4.5,
+        memory_gb=16,
+        bandwidth_gbps=200,
+        tdp_w=60,
+        interconnect="PCIe 4.0 x8",
+        source="NVIDIA A2 datasheet (dense = half the sparse 72; power 40-60 W)",
+        url="https://www.nvidia.com/en-us/data-center/products/a2/",
+        segment="datacenter",
+        architecture="ampere-ga10x",
+    ),
+    GpuSpec(
+        key="A16-16GB",
+        name="NVIDIA A16 (one of the board's four GPUs)",
+        peak_tflops=35.9,
+        fp32_tflops=4.5,
+        memory_gb=16,
+        bandwidth_gbps=200,
+        tdp_w=62.5,
+        interconnect="PCIe 4.0 x16 for the board of four",
+        source="NVIDIA A16 datasheet, per GPU (board: 4x 35.9 dense fp16 tensor, 250 W)",
+        url="https://www.nvidia.com/en-us/data-center/products/a16-gpu/",
+        segment="datacenter",
+        architecture="ampere-ga10x",
+    ),
+    GpuSpec(
+        key="RTX6000ADA-48GB",
+        name="NVIDIA RTX 6000 Ada Generation",
+        peak_tflops=364.2,
+        fp32_tflops=91.1,
+        memory_gb=48,
+        bandwidth_gbps=960,
+        tdp_w=300,
+        interconnect="PCIe 4.0 x16, 64 GB/s; no NVLink",
+        source="NVIDIA Ada Lovelace whitepaper, RTX 6000 Ada column, fp16 tensor with fp32 "
+        "accumulate (2022)",
+        url=ADA,
+        segment="workstation",
+        architecture="ada",
+    ),
+    GpuSpec(
+        key="A6000-48GB",
+        name="NVIDIA RTX A6000",
+        peak_tflops=154.8,
+        fp32_tflops=38.7,
+        memory_gb=48,
+        bandwidth_gbps=768,
+        tdp_w=300,
+        interconnect="NVLink bridge, 112.5 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA Ampere GA102 whitepaper, RTX A6000 column, fp16 tensor with fp32 "
+        "accumulate (full rate on this professional card)",
+        url=GA102,
+        segment="workstation",
+        architecture="ampere-ga10x",
+        measured_gemm_tflops=95.0,
+        measured_bandwidth_gbps=656.0,
+        measured_source=MLI,
+    ),
+    GpuSpec(
+        key="A5000-24GB",
+        name="NVIDIA RTX A5000",
+        peak_tflops=111.1,
+        fp32_tflops=27.8,
+        memory_gb=24,
+        bandwidth_gbps=768,
+        tdp_w=230,
+        interconnect="NVLink bridge, 112.5 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA RTX A5000 datasheet (dense = half the sparse 222.2)",
+        url="https://www.nvidia.com/en-us/design-visualization/rtx-a5000/",
+        segment="workstation",
+        architecture="ampere-ga10x",
+    ),
+    GpuSpec(
+        key="A4000-16GB",
+        name="NVIDIA RTX A4000",
+        peak_tflops=76.7,
+        fp32_tflops=19.2,
+        memory_gb=16,
+        bandwidth_gbps=448,
+        tdp_w=140,
+        interconnect="PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA RTX A4000 datasheet (dense = half the sparse 153.4)",
+        url="https://www.nvidia.com/en-us/design-visualization/rtx-a4000/",
+        segment="workstation",
+        architecture="ampere-ga10x",
     ),
     GpuSpec(
         key="V100-32GB",
         name="NVIDIA V100 SXM2 32GB",
         peak_tflops=125.0,
+        fp32_tflops=15.7,
         memory_gb=32,
         bandwidth_gbps=900,
+        tdp_w=300,
+        interconnect="NVLink 2, 300 GB/s",
         source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)",
+        url=V100_DS,
+        segment="datacenter",
+        architecture="volta",
+        measured_gemm_tflops=95.0,
+        measured_bandwidth_gbps=784.0,
+        measured_source=MLI,
     ),
     GpuSpec(
         key="V100-16GB",
         name="NVIDIA V100 SXM2 16GB",
         peak_tflops=125.0,
+        fp32_tflops=15.7,
         memory_gb=16,
         bandwidth_gbps=900,
+        tdp_w=300,
+        interconnect="NVLink 2, 300 GB/s",
         source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)",
+        url=V100_DS,
+        segment="datacenter",
+        architecture="volta",
+        measured_gemm_tflops=95.0,
+        measured_bandwidth_gbps=784.0,
+        measured_source=MLI,
+    ),
+    GpuSpec(
+        key="V100PCIE-32GB",
+        name="NVIDIA V100 PCIe 32GB",
+        peak_tflops=112.0,
+        fp32_tflops=14.0,
+        memory_gb=32,
+        bandwidth_gbps=900,
+        tdp_w=250,
+        interconnect="PCIe 3.0 x16, 32 GB/s",
+        source="NVIDIA V100 datasheet, PCIe column, fp16 only (2018)",
+        url=V100_DS,
+        segment="datacenter",
+        architecture="volta",
+    ),
+    GpuSpec(
+        key="V100PCIE-16GB",
+        name="NVIDIA V100 PCIe 16GB",
+        peak_tflops=112.0,
+        fp32_tflops=14.0,
+        memory_gb=16,
+        bandwidth_gbps=900,
+        tdp_w=250,
+        interconnect="PCIe 3.0 x16, 32 GB/s",
+        source="NVIDIA V100 datasheet, PCIe column, fp16 only (2018)",
+        url=V100_DS,
+        segment="datacenter",
+        architecture="volta",
     ),
     GpuSpec(
         key="T4-16GB",
         name="NVIDIA T4",
         peak_tflops=65.0,
+        fp32_tflops=8.1,
         memory_gb=16,
         bandwidth_gbps=320,
+        tdp_w=70,
+        interconnect="PCIe 3.0 x16, 32 GB/s",
         source="NVIDIA T4 datasheet, fp16 only (2019)",
-        # 70 W card: a 4096³ cuBLAS fp16 GEMM sustains about 24 TFLOP/s, its power cap
-        # holding the clock near base (NVIDIA developer forums, "About GPU peak
-        # performance", 2023, thread 264462): 24 / 65.
-        flops_share=0.37,
+        url="https://www.nvidia.com/en-us/data-center/tesla-t4/",
+        segment="datacenter",
+        architecture="turing",
+        # 70 W card: its power cap holds the clock near base in a long GEMM.
+        measured_gemm_tflops=24.0,
+        measured_source="NVIDIA developer forums, 'About GPU peak performance' (2023): "
+        "a 4096^3 cuBLAS fp16 GEMM: https://forums.developer.nvidia.com/t/264462",
+    ),
+    GpuSpec(
+        key="RTX5090-32GB",
+        name="NVIDIA GeForce RTX 5090",
+        peak_tflops=209.5,
+        fp32_tflops=104.8,
+        memory_gb=32,
+        bandwidth_gbps=1792,
+        tdp_w=575,
+        interconnect="PCIe 5.0 x16, 128 GB/s; no NVLink",
+        source="NVIDIA RTX Blackwell GPU architecture whitepaper, fp16 tensor with fp32 "
+        "accumulate (2025)",
+        url="https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/"
+        "nvidia-rtx-blackwell-gpu-architecture.pdf",
+        segment="geforce",
+        architecture="blackwell",
+        fp16_accumulate_tflops=419.0,
     ),
     GpuSpec(
         key="RTX4090-24GB",
         name="NVIDIA GeForce RTX 4090",
         peak_tflops=165.2,
+        fp32_tflops=82.6,
         memory_gb=24,
         bandwidth_gbps=1008,
+        tdp_w=450,
+        interconnect="PCIe 4.0 x16, 64 GB/s; no NVLink",
         source="NVIDIA Ada Lovelace whitepaper, fp16 tensor with fp32 accumulate (2022)",
+        url=ADA,
+        segment="geforce",
+        architecture="ada",
+        fp16_accumulate_tflops=330.3,
+        measured_gemm_tflops=172.0,
+        measured_bandwidth_gbps=936.0,
+        measured_source=MLI,
+    ),
+    GpuSpec(
+        key="RTX3090TI-24GB",
+        name="NVIDIA GeForce RTX 3090 Ti",
+        peak_tflops=80.0,
+        fp32_tflops=40.0,
+        memory_gb=24,
+        bandwidth_gbps=1008,
+        tdp_w=450,
+        interconnect="NVLink bridge, 112.5 GB/s; PCIe 4.0 x16",
+        source="NVIDIA RTX 3090 Ti specifications; fp16 tensor with fp32 accumulate at half "
+        "the fp16-accumulate rate, as the GA102 whitepaper gives for GeForce",
+        url="https://www.nvidia.com/en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/",
+        segment="geforce",
+        architecture="ampere-ga10x",
+        fp16_accumulate_tflops=160.0,
+        measured_gemm_tflops=81.0,
+        measured_bandwidth_gbps=856.0,
+        measured_source=MLI,
     ),
     GpuSpec(
         key="RTX3090-24GB",
         name="NVIDIA GeForce RTX 3090",
         peak_tflops=71.0,
+        fp32_tflops=35.6,
         memory_gb=24,
         bandwidth_gbps=936,
+        tdp_w=350,
+        interconnect="NVLink bridge, 112.5 GB/s; PCIe 4.0 x16",
         source="NVIDIA Ampere GA102 whitepaper, fp16 tensor with fp32 accumulate (2020)",
+        url=GA102,
+        segment="geforce",
+        architecture="ampere-ga10x",
+        fp16_accumulate_tflops=142.0,
     ),
     # Older and consumer GPUs of public cluster-scheduler studies: Gavel (Narayanan
     # et al., OSDI'20) uses K80, P100 and V100; Sia (Jayaram Subramanya et al.,
-    # SOSP'23) and Pollux use RTX 2080 Ti and T4 nodes.
+    # SOSP'23) and Pollux use RTX 2080 Ti and T4 nodes; Cephalo's cluster has a P40.
     GpuSpec(
         key="RTX2080TI-11GB",
         name="NVIDIA GeForce RTX 2080 Ti",
         peak_tflops=53.8,
+        fp32_tflops=13.4,
         memory_gb=11,
         bandwidth_gbps=616,
+        tdp_w=250,
+        interconnect="NVLink bridge, 100 GB/s; PCIe 3.0 x16",
         source="NVIDIA Turing whitepaper, fp16 tensor with fp32 accumulate (2018)",
+        url="https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/"
+        "technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
+        segment="geforce",
+        architecture="turing",
+        fp16_accumulate_tflops=107.6,
     ),
     GpuSpec(
         key="P100-16GB",
         name="NVIDIA Tesla P100 SXM2",
         peak_tflops=21.2,
+        fp32_tflops=10.6,
         memory_gb=16,
         bandwidth_gbps=732,
+        tdp_w=300,
+        interconnect="NVLink 1, 160 GB/s",
         source="NVIDIA Tesla P100 datasheet, SXM2 column, fp16 without tensor cores (2016)",
+        url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
+        segment="datacenter",
+        architecture="pascal",
+    ),
+    GpuSpec(
+        key="P40-24GB",
+        name="NVIDIA Tesla P40",
+        peak_tflops=11.76,
+        fp32_tflops=11.76,
+        memory_gb=24,
+        bandwidth_gbps=346,
+        tdp_w=250,
+        interconnect="PCIe 3.0 x16, 32 GB/s",
+        source="NVIDIA Tesla P40 datasheet: fp32 only, its fp16 runs at 1/64 of that (2016)",
+        url="https://images.nvidia.com/content/pdf/tesla/"
+        "184427-Tesla-P40-Datasheet-NV-Final-Letter-Web.pdf",
+        segment="datacenter",
+        architecture="pascal",
     ),
     GpuSpec(
         key="K80-12GB",
         name="NVIDIA Tesla K80 (one of the board's two GPUs)",
         peak_tflops=4.37,
+        fp32_tflops=4.37,
         memory_gb=12,
         bandwidth_gbps=240,
+        tdp_w=150,
+        interconnect="PCIe 3.0 x16 for the board of two",
         source="NVIDIA Tesla K80 datasheet, fp32 boost halved per GPU; no fp16 speed-up (2014)",
+        url="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-product-literature/Tesla-K80-BoardSpec-07317-001-v05.pdf",
+        segment="datacenter",
+        architecture="kepler",
     ),
     GpuSpec(
         key="MI300X-192GB",
         name="AMD Instinct MI300X",
         peak_tflops=1307.4,
+        fp32_tflops=163.4,
         memory_gb=192,
         bandwidth_gbps=5300,
+        tdp_w=750,
+        interconnect="AMD Infinity Fabric, 7 links, 896 GB/s; PCIe 5.0 x16",
         source="AMD Instinct MI300X datasheet (2023)",
+        url="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
+        segment="datacenter",
+        architecture="cdna3",
     ),
     GpuSpec(
         key="MI250X-128GB",
         name="AMD Instinct MI250X",
         peak_tflops=383.0,
+        fp32_tflops=47.9,
         memory_gb=128,
         bandwidth_gbps=3277,
+        tdp_w=560,
+        interconnect="AMD Infinity Fabric, 8 links, 800 GB/s; PCIe 4.0 x16",
         source="AMD Instinct MI250X datasheet (2021)",
+        url="https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html",
+        segment="datacenter",
+        architecture="cdna2",
+    ),
+    GpuSpec(
+        key="MI210-64GB",
+        name="AMD Instinct MI210",
+        peak_tflops=181.0,
+        fp32_tflops=22.6,
+        memory_gb=64,
+        bandwidth_gbps=1638,
+        tdp_w=300,
+        interconnect="AMD Infinity Fabric bridge, 3 links, 300 GB/s; PCIe 4.0 x16",
+        source="AMD Instinct MI210 datasheet (2022): fp16/bf16 matrix 181, fp32 vector 22.6",
+        url="https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html",
+        segment="datacenter",
+        architecture="cdna2",
+    ),
+    GpuSpec(
+        key="GAUDI2-96GB",
+        name="Intel Gaudi 2",
+        peak_tflops=432.0,
+        fp32_tflops=None,
+        memory_gb=96,
+        bandwidth_gbps=2460,
+        tdp_w=600,
+        interconnect="24x 100 GbE RoCE on chip (4.8 Tb/s bidirectional); PCIe 4.0 x16",
+        source="R. Kaplan, 'Intel Gaudi 3 AI Accelerator', Hot Chips 2024, Gaudi product "
+        "generations table (bf16 matrix 432 TFLOP/s); memory and links: the Gaudi 2 "
+        "whitepaper (2022), which gives no fp32 rate",
+        url="https://habana.ai/wp-content/uploads/2022/05/gaudi2-whitepaper.pdf",
+        segment="datacenter",
+        architecture="gaudi2",
     ),
 ]
 
 CATALOGUE: dict[str, GpuSpec] = {gpu.key: gpu for gpu in _GPUS}
+_BY_LOWER_KEY = {key.lower(): gpu for key, gpu in CATALOGUE.items()}
 
 
 def known_types() -> list[str]:
@@ -233,7 +730,7 @@ def lookup(gpu_type: str) -> GpuSpec:
     >>> lookup("a100-40gb").peak_tflops
     312.0
     """
-    for key, gpu in CATALOGUE.items():
-        if key.lower() == gpu_type.strip().lower():
-            return gpu
-    raise KeyError(gpu_type)
+    gpu = _BY_LOWER_KEY.get(gpu_type.strip().lower())
+    if gpu is None:
+        raise KeyError(gpu_type)
+    return gpu

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import CATALOGUE, GpuSpec
 
-_VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE", "QUADRO", "AMD", "INSTINCT")
+_VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE", "QUADRO", "AMD", "INSTINCT", "INTEL", "HABANA")
 MIB = 2**20
 
 
@@ -27,11 +27,13 @@ class ProbedGpu:
     memory_mib: int
 
 
-def _leading_runs(name: str) -> set[str]:
-    """The name's words (vendor words dropped) joined from the start: ``RTX``, ``RTX4090``, …"""
+def _word_runs(name: str) -> set[str]:
+    """Every run of the name's consecutive words (vendor words dropped), joined:
+    ``RTX``, ``RTXA6000``, ``A6000``, … (workstation cards are ``RTX A6000`` to the
+    driver and ``A6000`` to people)."""
     words = "".join(ch if ch.isalnum() else " " for ch in name.upper()).split()
     words = [w for w in words if w not in _VENDOR_WORDS]
-    return {"".join(words[:k]) for k in range(1, len(words) + 1)}
+    return {"".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
 
 
 def _model(gpu: GpuSpec) -> str:
@@ -42,9 +44,9 @@ def catalogue_key(name: str, memory_mib: int) -> str:
     """The catalogue key of a GPU the driver calls ``name`` with ``memory_mib`` MiB.
 
     It is the catalogue model that spells the longest run of
-    the reported name's leading words (``RTX 4090``, ``H100 PCIe``; whole words,
-    so ``A10`` is not ``A100`` and ``L4`` is not ``L40S``), then of that
-    model's entries the one whose memory is nearest the reported memory.
+    the reported name's consecutive words (``RTX 4090``, ``H100 PCIe``, ``A6000`` of
+    ``RTX A6000``; whole words, so ``A10`` is not ``A100`` and ``L4`` is not ``L40S``),
+    then of that model's entries the one whose memory is nearest the reported memory.
 
     >>> catalogue_key("NVIDIA A100-SXM4-40GB", 40 * 1024)
     'A100-40GB'
@@ -52,8 +54,10 @@ def catalogue_key(name: str, memory_mib: int) -> str:
     'V100-16GB'
     >>> catalogue_key("NVIDIA GeForce RTX 4090", 24564)
     'RTX4090-24GB'
+    >>> catalogue_key("NVIDIA RTX A6000", 49140)
+    'A6000-48GB'
     """
-    runs = _leading_runs(name)
+    runs = _word_runs(name)
     matches = [gpu for gpu in CATALOGUE.values() if _model(gpu) in runs]
     longest = max((len(_model(g)) for g in matches), default=0)
     best = [g for g in matches if len(_model(g)) == longest]

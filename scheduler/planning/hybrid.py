@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
@@ -27,6 +27,7 @@ from scheduler.planning.pipeline import (
 from scheduler.planning.plan import DevicePlan, Excluded, Plan, check_global_batch
 from scheduler.planning.stages import (
     Chain,
+    Stage,
     Tied,
     boundary_s,
     in_flight_1f1b,
@@ -78,8 +79,20 @@ class Partitioner:
         chain = self._cache[key]
         if chain is None:
             return None
-        stages = tuple(replace(st, device=d) for st, d in zip(chain.stages, group, strict=True))
-        return replace(chain, stages=stages)
+        # built directly: dataclasses.replace, per stage of every pipeline of every
+        # candidate micro-batch, was a tenth of a 4,096-device plan
+        stages = tuple(
+            Stage(
+                device=d,
+                first=st.first,
+                last=st.last,
+                time_s=st.time_s,
+                peak_bytes=st.peak_bytes,
+                recompute=st.recompute,
+            )
+            for st, d in zip(chain.stages, group, strict=True)
+        )
+        return Chain(stages=stages, micro_batch=chain.micro_batch)
 
     def fits(self, group: Group) -> bool:
         return self(group, 1) is not None
@@ -165,12 +178,15 @@ def allocate(
     data-parallel planner's). Pipelines may get none and sit out.
     """
     counts = [0] * len(chains)
-    heap = [(c.compute_s(1) + pipe_comm_s[j], j) for j, c in enumerate(chains)]
+    # Chain.compute_s(m) = total + (m − 1)·slowest: both read once per pipeline, not per pop
+    total = [c.total_s for c in chains]
+    slowest = [c.slowest_s for c in chains]
+    heap = [(total[j] + pipe_comm_s[j], j) for j in range(len(chains))]
     heapq.heapify(heap)
     for _ in range(num_micro_batches):
         _, j = heapq.heappop(heap)
         counts[j] += 1
-        heapq.heappush(heap, (chains[j].compute_s(counts[j] + 1) + pipe_comm_s[j], j))
+        heapq.heappush(heap, (total[j] + counts[j] * slowest[j] + pipe_comm_s[j], j))
     return counts
 
 

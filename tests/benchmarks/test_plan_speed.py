@@ -6,7 +6,10 @@ core, for ``make_plan(..., "dp")``, which also computes the ``even`` and
 nodes of eight, with analytic GPT-2 small profiles. The targets are checked
 against the best CPU time of a few runs (this process's time on its core),
 so that other work sharing the machine does not count; wall time is printed
-beside it. Run on purpose:
+beside it. The second benchmark times what ``hetsched plan --cluster … --json``
+does, cluster to printed JSON, beyond the same at eight devices, against issue 20's
+targets: under 0.1 s for ``dp`` at 16,384 devices and under 1 s for ``hybrid`` at
+4,096. Run on purpose:
 
     .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_plan_speed.py
 """
@@ -20,7 +23,7 @@ import pytest
 
 from scheduler.cost.profile import Profile, analytic_profile
 from scheduler.hardware.catalogue import known_types
-from scheduler.hardware.cluster import parse_cluster
+from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
 
@@ -30,7 +33,7 @@ SAMPLES_PER_DEVICE = 8
 RUNS = 5
 
 
-def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
+def mixed_cluster(num_devices: int, seed: int = 0) -> Cluster:
     """``num_devices`` random catalogue GPUs, eight to a node."""
     rng = random.Random(seed)
     types = known_types()
@@ -38,8 +41,12 @@ def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
         {"name": f"node-{i}", "devices": [{"type": rng.choice(types)} for _ in range(8)]}
         for i in range(num_devices // 8)
     ]
-    cluster = parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
-    return analytic_profile(cluster, get_preset("gpt2-small"))
+    return parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
+
+
+def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
+    """Analytic GPT-2 small profiles of :func:`mixed_cluster`."""
+    return analytic_profile(mixed_cluster(num_devices, seed), get_preset("gpt2-small"))
 
 
 def best_times_s(profile: Profile, global_batch: int) -> tuple[float, float]:
@@ -77,3 +84,57 @@ def test_plan_speed() -> None:
     for size, _, seconds, _, _ in rows:
         if size in TARGET_S:
             assert seconds < TARGET_S[size], f"{size} devices took {seconds:.3f} s"
+
+
+WHOLE_CASES = [("dp", 16_384, 0.1), ("hybrid", 4_096, 1.0)]
+"""``(strategy, devices, target)``: issue 20's targets for what a plan costs beyond a
+tiny one (eight devices), from the cluster to the printed JSON."""
+TINY = 8
+
+
+WHOLE_RUNS = 3
+"""Runs per case of the whole-plan benchmark (a hybrid plan at 4,096 devices takes seconds)."""
+
+
+def _best_whole_s(cluster: Cluster, global_batch: int, strategy: str) -> dict[str, float]:
+    """Best CPU seconds of each stage of ``hetsched plan --json`` over ``WHOLE_RUNS`` runs."""
+    best = {"profile": float("inf"), "plan": float("inf"), "json": float("inf")}
+    model = get_preset("gpt2-small")
+    for _ in range(WHOLE_RUNS):
+        t0 = time.process_time()
+        profile = analytic_profile(cluster, model)
+        t1 = time.process_time()
+        plan = make_plan(profile, global_batch, strategy)
+        t2 = time.process_time()
+        text = plan.to_json()
+        t3 = time.process_time()
+        assert text.startswith("{")
+        for stage, seconds in (("profile", t1 - t0), ("plan", t2 - t1), ("json", t3 - t2)):
+            best[stage] = min(best[stage], seconds)
+    best["total"] = best["profile"] + best["plan"] + best["json"]
+    return best
+
+
+@pytest.mark.benchmark
+def test_whole_plan_beyond_a_tiny_one() -> None:
+    """Cluster → analytic profile → plan → JSON, as ``hetsched plan --json`` runs it."""
+    print(
+        f"\nprofile + plan + JSON, best CPU time of {WHOLE_RUNS}, minus the same at {TINY} devices"
+    )
+    print(
+        f"{'strategy':>8}  {'devices':>8}  {'profile':>9}  {'plan':>9}  {'json':>9}  "
+        f"{'beyond tiny':>11}  target"
+    )
+    failures = []
+    for strategy, size, target in WHOLE_CASES:
+        tiny = _best_whole_s(mixed_cluster(TINY), SAMPLES_PER_DEVICE * TINY + 3, strategy)
+        big = _best_whole_s(mixed_cluster(size), SAMPLES_PER_DEVICE * size + 3, strategy)
+        beyond = big["total"] - tiny["total"]
+        print(
+            f"{strategy:>8}  {size:>8,}  {big['profile'] * 1e3:>6.0f} ms  "
+            f"{big['plan'] * 1e3:>6.0f} ms  {big['json'] * 1e3:>6.0f} ms  "
+            f"{beyond * 1e3:>8.0f} ms  < {target:g} s"
+        )
+        if beyond >= target:
+            failures.append(f"{strategy} at {size} devices: {beyond:.3f} s beyond a tiny plan")
+    assert not failures, "; ".join(failures)

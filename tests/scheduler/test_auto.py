@@ -39,7 +39,9 @@ def test_auto_picks_the_fastest(model: str):
 
 
 def test_auto_chooses_a_pipeline_when_the_model_does_not_fit_small_devices():
-    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"))
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"), efficiency=0.5)
+    # One share of peak for every device: a planner property, not one of the speed
+    # model's (whose sustained rates make these T4s and L4s barely worth a stage).
     plan = make_plan(profile, 64, "auto")
     assert plan.strategy in ("pp", "hybrid")
     assert len(plan.active) == 6

@@ -23,6 +23,26 @@ REQUIRED_GPUS = [
     "T4-16GB",
     "RTX4090-24GB",
     "RTX3090-24GB",
+    # issue 20: the types real mixed clusters have
+    "A6000-48GB",
+    "P40-24GB",
+    "H100NVL-94GB",
+    "A40-48GB",
+    "L40-48GB",
+    "A5000-24GB",
+    "A4000-16GB",
+    "RTX6000ADA-48GB",
+    "A30-24GB",
+    "A2-16GB",
+    "A16-16GB",
+    "H20-96GB",
+    "B200-180GB",
+    "GH200-96GB",
+    "RTX5090-32GB",
+    "MI210-64GB",
+    "GAUDI2-96GB",
+    "V100PCIE-16GB",
+    "V100PCIE-32GB",
 ]
 
 
@@ -34,7 +54,34 @@ def test_catalogue_has_the_required_gpus_with_figures_and_sources() -> None:
         assert gpu.key == key
         assert gpu.peak_tflops > 0 and gpu.memory_gb > 0 and gpu.bandwidth_gbps > 0, key
         assert len(gpu.source) > 10, f"{key} cites where its figures come from"
+        assert gpu.url.startswith("https://"), f"{key} cites where its source is published"
+        assert gpu.tdp_w > 0 and gpu.interconnect, f"{key}: board power and links"
+        assert gpu.fp32_tflops is None or 0 < gpu.fp32_tflops <= gpu.peak_tflops, key
+        measured = gpu.measured_gemm_tflops, gpu.measured_bandwidth_gbps
+        if any(m is not None for m in measured):
+            assert "http" in gpu.measured_source, f"{key} cites its measurement"
         assert str(round(gpu.memory_gb)) in key, f"{key}: key is MODEL-MEMORY"
+
+
+def test_geforce_cards_quote_the_fp32_accumulate_rate_half_the_fp16_one() -> None:
+    # GA102/Ada/Blackwell whitepapers: GeForce tensor cores accumulate fp16 products in
+    # fp32 at half the fp16-accumulate rate; professional cards of the same chip do not.
+    geforce = [g for g in CATALOGUE.values() if g.segment == "geforce"]
+    assert len(geforce) >= 4
+    for gpu in geforce:
+        assert gpu.fp16_accumulate_tflops == pytest.approx(2 * gpu.peak_tflops, rel=0.01), gpu.key
+    a6000, rtx3090 = lookup("A6000-48GB"), lookup("RTX3090-24GB")
+    assert a6000.peak_tflops > 2 * rtx3090.peak_tflops * 0.95  # same GA102, full rate
+
+
+def test_precision_picks_the_peak_that_applies() -> None:
+    a100, v100, p40 = lookup("A100-80GB"), lookup("V100-32GB"), lookup("P40-24GB")
+    assert a100.peak_tflops_at("bf16") == a100.peak_tflops_at("fp16") == 312
+    assert a100.peak_tflops_at("fp32") == 19.5
+    assert v100.peak_tflops_at("bf16") == v100.fp32_tflops  # Volta has no bf16 tensor math
+    assert p40.peak_tflops_at("fp16") == p40.fp32_tflops  # the P40's fp16 runs at 1/64
+    with pytest.raises(ValueError, match="GAUDI2-96GB: the vendor publishes no fp32 rate"):
+        lookup("GAUDI2-96GB").peak_tflops_at("fp32")
 
 
 def test_catalogue_figures_match_datasheets() -> None:

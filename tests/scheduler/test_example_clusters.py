@@ -33,3 +33,20 @@ def test_example_plans_gpt2_small(path: Path) -> None:
         assert entry.peak_bytes <= profile.device(entry.id).capacity_bytes
     for baseline in plan.baselines.values():
         assert plan.predicted_samples_per_s >= baseline.predicted_samples_per_s
+
+
+def test_cephalos_four_gpu_mix_plans_uneven_splits_by_speed() -> None:
+    """Cephalo's evaluation cluster: two L4, an RTX A6000 and a Tesla P40 (issue 20)."""
+    cluster = load_cluster(CLUSTERS / "cephalo-mix.yaml")
+    assert sorted(d.type for d in cluster.devices) == [
+        "A6000-48GB",
+        "L4-24GB",
+        "L4-24GB",
+        "P40-24GB",
+    ]
+    profile = analytic_profile(cluster, get_preset("gpt2-small"))
+    plan = make_plan(profile, 67, "dp")
+    samples = {profile.device(d.id).type: d.samples for d in plan.devices}
+    # the A6000 is the fastest by far, and the P40 (fp32 only) the slowest
+    assert samples["A6000-48GB"] > samples["L4-24GB"] > samples["P40-24GB"]
+    assert plan.predicted_samples_per_s > 1.3 * plan.baselines["even"].predicted_samples_per_s

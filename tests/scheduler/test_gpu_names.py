@@ -17,7 +17,8 @@ from scheduler.hardware.gpu_names import catalogue_key, parse_nvidia_smi
         ("NVIDIA A100-PCIE-40GB", 40536, "A100-40GB"),
         ("Tesla V100-SXM2-16GB", 16160, "V100-16GB"),
         ("Tesla V100-SXM2-32GB", 32510, "V100-32GB"),
-        ("Tesla V100-PCIE-16GB", 16160, "V100-16GB"),
+        ("Tesla V100-PCIE-16GB", 16160, "V100PCIE-16GB"),
+        ("Tesla V100-PCIE-32GB", 32510, "V100PCIE-32GB"),
         ("Tesla T4", 15360, "T4-16GB"),
         ("NVIDIA L4", 23034, "L4-24GB"),
         ("NVIDIA L40S", 46068, "L40S-48GB"),
@@ -28,6 +29,26 @@ from scheduler.hardware.gpu_names import catalogue_key, parse_nvidia_smi
         ("NVIDIA H200", 143771, "H200-141GB"),
         ("NVIDIA GeForce RTX 4090", 24564, "RTX4090-24GB"),
         ("NVIDIA GeForce RTX 3090", 24576, "RTX3090-24GB"),
+        ("NVIDIA GeForce RTX 3090 Ti", 24564, "RTX3090TI-24GB"),
+        # Issue 20: the types real mixed clusters have, as their drivers name them.
+        ("NVIDIA RTX A6000", 49140, "A6000-48GB"),
+        ("Tesla P40", 24451, "P40-24GB"),
+        ("NVIDIA H100 NVL", 95830, "H100NVL-94GB"),
+        ("NVIDIA A40", 46068, "A40-48GB"),
+        ("NVIDIA L40", 46068, "L40-48GB"),
+        ("NVIDIA RTX A5000", 24564, "A5000-24GB"),
+        ("NVIDIA RTX A4000", 16376, "A4000-16GB"),
+        ("NVIDIA RTX 6000 Ada Generation", 49140, "RTX6000ADA-48GB"),
+        ("NVIDIA A30", 24576, "A30-24GB"),
+        ("NVIDIA A2", 15356, "A2-16GB"),
+        ("NVIDIA A16", 15356, "A16-16GB"),
+        ("NVIDIA H20", 97871, "H20-96GB"),
+        ("NVIDIA B200", 183359, "B200-180GB"),
+        ("NVIDIA GH200 480GB", 97871, "GH200-96GB"),
+        ("NVIDIA GH200 144G HBM3e", 146000, "GH200-144GB"),
+        ("NVIDIA GeForce RTX 5090", 32607, "RTX5090-32GB"),
+        ("AMD Instinct MI210", 65520, "MI210-64GB"),
+        ("Intel Gaudi 2", 98304, "GAUDI2-96GB"),
     ],
 )
 def test_driver_names_map_to_their_catalogue_entry(name, memory_mib, key) -> None:
@@ -35,8 +56,10 @@ def test_driver_names_map_to_their_catalogue_entry(name, memory_mib, key) -> Non
 
 
 def test_an_unknown_gpu_is_a_one_line_error_naming_it() -> None:
-    with pytest.raises(SpecError, match=r"^gpu: 'NVIDIA B200' \(180 GiB\) is not in the catalogue"):
-        catalogue_key("NVIDIA B200", 184320)
+    with pytest.raises(
+        SpecError, match=r"^gpu: 'NVIDIA GeForce GTX 1080' \(8 GiB\) is not in the catalogue"
+    ):
+        catalogue_key("NVIDIA GeForce GTX 1080", 8192)
 
 
 def test_nvidia_smi_rows_parse_and_bad_rows_name_the_line() -> None:

@@ -135,7 +135,9 @@ def test_in_flight_follows_1f1b():
 
 
 def test_gpt2_xl_does_not_fit_small_gpus_under_dp_but_pp_uses_them():
-    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"))
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"), efficiency=0.5)
+    # One share of peak for every device: a planner property, not one of the speed
+    # model's (whose sustained rates make these T4s and L4s barely worth a stage).
     dp = make_plan(profile, 64, "dp")
     assert {e.id for e in dp.excluded} == {"small/0", "small/1", "small/2", "small/3"}
     pp = make_plan(profile, 64, "pp")

@@ -14,6 +14,7 @@ from scheduler.cost.profile import (
     load_profile,
     profile_from_dict,
     save_profile,
+    with_derived_recompute,
 )
 from scheduler.errors import ProfileError
 from scheduler.hardware.capacity import catalogue_budget_bytes
@@ -216,6 +217,26 @@ def test_missing_recomputation_figures_are_derived_from_the_presets_ratios() -> 
     assert device.full.per_sample_bytes == round(2500000 * bytes_ratio)
     assert device.full.per_sample_s == pytest.approx(0.0011 * time_ratio)
     assert device.full.per_sample_bytes < device.selective.per_sample_bytes < 2500000
+
+
+def test_devices_of_one_type_get_the_same_derived_figures_and_keep_their_ids() -> None:
+    # profile_from_dict derives recomputation figures once per distinct set of figures
+    cluster = parse_cluster(
+        {
+            "name": "two-types",
+            "nodes": [
+                {"name": "a", "devices": [{"type": "A100-80GB", "count": 3}]},
+                {"name": "b", "devices": [{"type": "T4-16GB", "count": 3}]},
+            ],
+        }
+    )
+    document = analytic_profile(cluster, get_preset("gpt2-small")).without_recompute().to_dict()
+    profile = profile_from_dict(document)
+    preset = get_preset("gpt2-small")
+    assert [d.id for d in profile.devices] == [d["id"] for d in document["devices"]]
+    for device in profile.devices:
+        plain = profile_from_dict({**document, "model": "my-own-net"}).device(device.id)
+        assert device == with_derived_recompute(plain, preset)
 
 
 def test_unknown_models_get_no_guessed_recomputation_figures() -> None:
