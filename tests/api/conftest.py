@@ -2,21 +2,30 @@
 
 ``offline`` apps neither start Ray nor run the executor (fast, for input
 handling); ``live`` apps run the executor on one local Ray per module.
+``db_url`` is a fresh database on SQLite and on a throwaway PostgreSQL server.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from api.app import create_app
 from api.cli import main
 from api.core.settings import DEFAULT_CLUSTER, Settings
 from scheduler.hardware.cluster import load_cluster
+from tests.support import free_port
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -91,3 +100,82 @@ def live(local_ray: None, cache_dir: Path, tmp_path: Path) -> Callable[..., Test
         return TestClient(create_app(make_settings(tmp_path, **values)))
 
     return build
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def postgres_bindir() -> Path | None:
+    """Where PostgreSQL's initdb and pg_ctl are: on the PATH, or Debian's versioned folder."""
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3])
+    )
+    return versions[-1].parent if versions else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server for the session, on a free port of 127.0.0.1 with
+    ``trust`` authentication; its SQLAlchemy URL without a database name.
+
+    PostgreSQL refuses to run as root: as root it runs as the ``postgres`` system user
+    (Debian's package makes one), its data directory handed over to that user.
+    """
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL's initdb and pg_ctl are not installed (apt-get install postgresql)")
+    root = Path(tempfile.mkdtemp(prefix="hetsched-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        owner = pwd.getpwnam("postgres")
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", free_port()
+
+    def pg(*argv: str) -> None:
+        subprocess.run([*as_user, *argv], check=True, capture_output=True, timeout=120)
+
+    pg(str(bindir / "initdb"), "-D", str(data), "-U", "hetsched", "--auth=trust", "--no-sync")
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    pg(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-l",
+        str(root / "log"),
+        "-w",
+        "start",
+    )
+    try:
+        yield f"postgresql+psycopg://hetsched@127.0.0.1:{port}"
+    finally:
+        pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty database on the session's PostgreSQL server, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{postgres_server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{postgres_server}/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The job store's database, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'hetsched.db'}"
+    return str(request.getfixturevalue("postgres_url"))
