@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
 
+from api.commands.plan import format_table
 from api.schemas.jobs import JobPublic, LogLine
 from api.states import JobState
 from hetsched import Client, JobFailed, Retry
@@ -152,16 +153,6 @@ def job_fields(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def table(rows: Iterable[list[str]], header: list[str]) -> str:
-    rows = list(rows)
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    return "\n".join(lines)
-
-
 def show(args: argparse.Namespace, doc: BaseModel, summary: Callable[[Any], None]) -> int:
     """Print ``doc`` as JSON with ``--json``, else as ``summary`` writes it; exit 0."""
     if args.json:
@@ -189,6 +180,7 @@ def _job_row(job: JobPublic) -> list[str]:
 
 
 JOB_HEADER = ["ID", "NAME", "STATE", "STEPS", "LOSS", "SAMPLES/S", "MESSAGE"]
+PLAN_HEADER = ["DEVICE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "PEAK"]
 
 
 def print_job(job: JobPublic) -> None:
@@ -227,7 +219,7 @@ def print_job(job: JobPublic) -> None:
             ]
             for d in job.plan.devices
         ]
-        print(table(rows, ["DEVICE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "PEAK"]))
+        print(format_table(PLAN_HEADER, rows, right={1, 2, 3, 4, 5}))
 
 
 def print_line(line: LogLine, *, as_json: bool = False) -> None:
@@ -278,7 +270,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     elif not page.data:
         print("no jobs")
     else:
-        print(table([_job_row(j) for j in page.data], JOB_HEADER))
+        print(format_table(JOB_HEADER, [_job_row(j) for j in page.data], right=set()))
         if page.count > len(page.data):
             print(f"({len(page.data)} of {page.count} shown; use --limit)")
     return 0

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from api.commands.client import add_service_arguments, connect, show, table
+from api.commands.client import add_service_arguments, connect, show
+from api.commands.plan import format_table
 from api.schemas.cluster import ClusterPublic
 from api.schemas.datasets import DatasetPublic
 from api.schemas.schedule import SchedulePublic
@@ -41,6 +42,9 @@ def add_parser(subparsers: Any) -> None:
     upload.set_defaults(run=run_upload)
 
 
+CLUSTER_HEADER = ["DEVICE", "TYPE", "MEMORY", "STATUS", "JOB", "SAMPLES/S"]
+
+
 def print_cluster(cluster: ClusterPublic) -> None:
     where = "simulated" if cluster.simulated else f"Ray at {cluster.ray_address}"
     state = "available" if cluster.available else f"unavailable ({cluster.message})"
@@ -57,7 +61,9 @@ def print_cluster(cluster: ClusterPublic) -> None:
         for node in cluster.nodes
         for d in node.devices
     ]
-    print(table(rows, ["DEVICE", "TYPE", "MEMORY", "STATUS", "JOB", "SAMPLES/S"]))
+    print(
+        format_table(["DEVICE", "TYPE", "MEMORY", "STATUS", "JOB", "SAMPLES/S"], rows, right={2, 5})
+    )
 
 
 def print_schedule(schedule: SchedulePublic) -> None:
@@ -70,7 +76,7 @@ def print_schedule(schedule: SchedulePublic) -> None:
         [j.id, j.name, j.status, ",".join(j.devices) or "-", f"{j.priority:g}", j.reason[:70]]
         for j in schedule.jobs
     ]
-    print(table(rows, ["ID", "NAME", "STATUS", "DEVICES", "PRIORITY", "REASON"]))
+    print(format_table(["ID", "NAME", "STATUS", "DEVICES", "PRIORITY", "REASON"], rows, right={4}))
 
 
 def describe(d: DatasetPublic) -> str:

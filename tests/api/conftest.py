@@ -12,20 +12,26 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from api.app import create_app
 from api.cli import main
 from api.core.settings import DEFAULT_CLUSTER, Settings
+from api.schemas.jobs import JobPublic
+from hetsched import Client, Event
 from scheduler.hardware.cluster import load_cluster
-from tests.support import free_port
+from tests.support import JOB_TIMEOUT_S, Serve, clean_env, free_port, serving
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -100,6 +106,81 @@ def live(local_ray: None, cache_dir: Path, tmp_path: Path) -> Callable[..., Test
         return TestClient(create_app(make_settings(tmp_path, **values)))
 
     return build
+
+
+class ThreadedService:
+    """An app under uvicorn in a thread of this process, on ``port`` (default a free one);
+    :meth:`start` may wait first, as a service that comes up late."""
+
+    def __init__(self, settings: Settings, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread: threading.Thread | None = None
+
+    def start(self, *, delay_s: float = 0.0) -> ThreadedService:
+        def serve() -> None:
+            time.sleep(delay_s)
+            self.server.run()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        return self
+
+    def wait_up(self, timeout_s: float = 30.0) -> ThreadedService:
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(10)
+
+
+SERVICE_TOKEN = "tok"
+"""The bearer token of :func:`live_service`."""
+
+
+@pytest.fixture(scope="session")
+def live_service(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Serve]:
+    """One ``hetsched serve`` (its own process and local Ray, the fifo policy, token
+    :data:`SERVICE_TOKEN`) shared by the client's and the CLI's tests."""
+    env = clean_env(
+        HETSCHED_API_TOKEN=SERVICE_TOKEN,
+        HETSCHED_CACHE_DIR=str(cache_dir),
+        HETSCHED_POLICY="fifo",
+    )
+    with serving(tmp_path_factory.mktemp("service"), env=env) as service:
+        yield service
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trained:
+    """A job :func:`trained_job` ran to the end, and what following it live yielded."""
+
+    job: JobPublic
+    events: list[Event]
+
+
+TRAINED_STEPS = 6
+
+
+@pytest.fixture(scope="session")
+def trained_job(live_service: Serve) -> Trained:
+    """A short job on :func:`live_service`, followed live from its submission to its end
+    (checkpoints after steps 2 and 5, validation after steps 2 and 5)."""
+    with Client(live_service.url, token=SERVICE_TOKEN) as client:
+        job = client.submit(
+            name="trained", global_batch=8, steps=TRAINED_STEPS, checkpoint_every=3, val_every=3
+        )
+        events = list(client.follow(job.id, poll_s=0.2))
+        return Trained(job=client.wait(job.id, timeout_s=JOB_TIMEOUT_S), events=events)
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------
