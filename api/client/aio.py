@@ -13,6 +13,7 @@ work (unpacking, exporting) runs in a thread so the event loop keeps going.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -28,9 +29,9 @@ from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.schedule import SchedulePublic
 from api.states import JobState
 from hetsched import calls
-from hetsched.calls import API_PREFIX, Call, Event, Metrics, Retry, Tail
+from hetsched.calls import Call, Event, Metrics, Retry, Tail
 from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
-from hetsched.files import export_checkpoint, extract_checkpoint, read_upload, step_directory
+from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
 
 T = TypeVar("T")
 
@@ -47,13 +48,9 @@ class AsyncClient:
         timeout_s: float = 30.0,
         retry: Retry | None = None,
     ) -> None:
-        self.url = (url or calls.default_url()).rstrip("/")
-        token = token if token is not None else calls.default_token()
+        self.url, base_url, headers = calls.endpoint(url, token)
         self.retry = retry or Retry()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url + API_PREFIX, headers=headers, timeout=timeout_s
-        )
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -108,7 +105,7 @@ class AsyncClient:
     async def delete(self, job_id: str) -> str:
         return await self._run(calls.delete(job_id))
 
-    async def logs(self, job_id: str, *, since: int = 0) -> list[LogLine]:
+    async def logs(self, job_id: str, *, since: int = 0) -> builtins.list[LogLine]:
         return await self._run(calls.logs(job_id, since))
 
     async def metrics(self, job_id: str, *, since: int = 0) -> Metrics:
@@ -140,7 +137,7 @@ class AsyncClient:
                 raise WaitTimeout(job, timeout_s or 0.0)
             await asyncio.sleep(calls.poll_wait_s(poll_s, deadline))
 
-    async def checkpoints(self, job_id: str) -> list[CheckpointPublic]:
+    async def checkpoints(self, job_id: str) -> builtins.list[CheckpointPublic]:
         return await self._run(calls.checkpoints(job_id))
 
     async def download(
@@ -148,10 +145,7 @@ class AsyncClient:
     ) -> Path:
         if step is None:
             step = calls.latest_step(job_id, await self.checkpoints(job_id))
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        archive = dest / f"{job_id}-{step_directory(step)}.tar.gz"
-        call = Call(method="GET", path=calls.checkpoint_path(job_id, step), read=lambda r: r)
+        archive, call = calls.download(job_id, step, dest)
         response = await self._send(call, stream=True)
         try:
             with archive.open("wb") as out:
@@ -161,7 +155,7 @@ class AsyncClient:
             await response.aclose()
         if not extract:
             return archive
-        return await asyncio.to_thread(extract_checkpoint, archive, dest, step)
+        return await asyncio.to_thread(extract_checkpoint, archive, archive.parent, step)
 
     async def export(
         self,
@@ -171,7 +165,7 @@ class AsyncClient:
         step: int | None = None,
         tokenizer: str | Path | None = None,
         dtype: str = "float32",
-    ) -> list[Path]:
+    ) -> builtins.list[Path]:
         with tempfile.TemporaryDirectory(prefix="hetsched-export-") as scratch:
             directory = await self.download(job_id, step, dest=scratch)
             return await asyncio.to_thread(
@@ -189,7 +183,7 @@ class AsyncClient:
     async def schedule(self) -> SchedulePublic:
         return await self._run(calls.schedule())
 
-    async def datasets(self) -> list[DatasetPublic]:
+    async def datasets(self) -> builtins.list[DatasetPublic]:
         return await self._run(calls.datasets())
 
     async def upload(self, path: str | Path, *, name: str | None = None) -> DatasetPublic:

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -55,6 +56,14 @@ def default_url() -> str:
 def default_token() -> str | None:
     """A user's own token (``HETSCHED_TOKEN``), else the service's (``HETSCHED_API_TOKEN``)."""
     return os.environ.get("HETSCHED_TOKEN") or os.environ.get("HETSCHED_API_TOKEN") or None
+
+
+def endpoint(url: str | None, token: str | None) -> tuple[str, str, dict[str, str]]:
+    """The service's address, the API's base URL and the headers every call carries, from
+    the arguments or else the environment (:func:`default_url`, :func:`default_token`)."""
+    url = (url or default_url()).rstrip("/")
+    token = token if token is not None else default_token()
+    return url, url + API_PREFIX, {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,7 +158,7 @@ class Metrics(list[StepPublic]):
         """One row per step (``step``, ``loss``, ``val_loss``, ``step_s``, ``samples_per_s``,
         ``time``), indexed by step; needs pandas."""
         try:
-            import pandas  # optional: the client itself does not need it
+            import pandas  # type: ignore[import-untyped,unused-ignore]  # optional
         except ImportError:
             raise HetschedError("metrics: to_pandas needs pandas (pip install pandas)") from None
         rows = [s.model_dump(exclude={"devices"}) for s in self]
@@ -233,8 +242,14 @@ def checkpoints(job_id: str) -> Call[list[CheckpointPublic]]:
     return Call(method="GET", path=_job_path(job_id, "checkpoints"), read=lambda r: read(r).data)
 
 
-def checkpoint_path(job_id: str, step: int) -> str:
-    return _job_path(job_id, "checkpoints", str(step))
+def download(job_id: str, step: int, dest: str | Path) -> tuple[Path, Call[httpx.Response]]:
+    """Where the ``.tar.gz`` of the checkpoint of ``step`` goes under ``dest`` (made), and
+    the call that streams it."""
+    directory = Path(dest)
+    directory.mkdir(parents=True, exist_ok=True)
+    archive = directory / f"{job_id}-step-{step:08d}.tar.gz"
+    path = _job_path(job_id, "checkpoints", str(step))
+    return archive, Call(method="GET", path=path, read=lambda response: response)
 
 
 def plan(

@@ -14,6 +14,7 @@ The requests themselves are in :mod:`hetsched.calls`, shared with :class:`AsyncC
 
 from __future__ import annotations
 
+import builtins
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -29,9 +30,9 @@ from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.schedule import SchedulePublic
 from api.states import JobState
 from hetsched import calls
-from hetsched.calls import API_PREFIX, Call, Event, Metrics, Retry, Tail
+from hetsched.calls import Call, Event, Metrics, Retry, Tail
 from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
-from hetsched.files import export_checkpoint, extract_checkpoint, read_upload, step_directory
+from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
 
 T = TypeVar("T")
 
@@ -53,13 +54,9 @@ class Client:
         timeout_s: float = 30.0,
         retry: Retry | None = None,
     ) -> None:
-        self.url = (url or calls.default_url()).rstrip("/")
-        token = token if token is not None else calls.default_token()
+        self.url, base_url, headers = calls.endpoint(url, token)
         self.retry = retry or Retry()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=self.url + API_PREFIX, headers=headers, timeout=timeout_s
-        )
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
 
     def __enter__(self) -> Client:
         return self
@@ -96,7 +93,6 @@ class Client:
     def _run(self, call: Call[T]) -> T:
         return call.read(self._send(call))
 
-
     def submit(
         self, spec: JobCreate | Mapping[str, Any] | None = None, /, **fields: Any
     ) -> JobPublic:
@@ -122,7 +118,7 @@ class Client:
         """Delete a finished job with its records; the service's one-line answer."""
         return self._run(calls.delete(job_id))
 
-    def logs(self, job_id: str, *, since: int = 0) -> list[LogLine]:
+    def logs(self, job_id: str, *, since: int = 0) -> builtins.list[LogLine]:
         """The job's log lines from line ``since`` on."""
         return self._run(calls.logs(job_id, since))
 
@@ -156,8 +152,7 @@ class Client:
                 raise WaitTimeout(job, timeout_s or 0.0)
             time.sleep(calls.poll_wait_s(poll_s, deadline))
 
-
-    def checkpoints(self, job_id: str) -> list[CheckpointPublic]:
+    def checkpoints(self, job_id: str) -> builtins.list[CheckpointPublic]:
         """The job's kept checkpoints, oldest first."""
         return self._run(calls.checkpoints(job_id))
 
@@ -169,10 +164,7 @@ class Client:
         ``extract=False`` the ``.tar.gz`` the service sent."""
         if step is None:
             step = calls.latest_step(job_id, self.checkpoints(job_id))
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        archive = dest / f"{job_id}-{step_directory(step)}.tar.gz"
-        call = Call(method="GET", path=calls.checkpoint_path(job_id, step), read=lambda r: r)
+        archive, call = calls.download(job_id, step, dest)
         response = self._send(call, stream=True)
         try:
             with archive.open("wb") as out:
@@ -180,7 +172,7 @@ class Client:
                     out.write(block)
         finally:
             response.close()
-        return extract_checkpoint(archive, dest, step) if extract else archive
+        return extract_checkpoint(archive, archive.parent, step) if extract else archive
 
     def export(
         self,
@@ -190,13 +182,12 @@ class Client:
         step: int | None = None,
         tokenizer: str | Path | None = None,
         dtype: str = "float32",
-    ) -> list[Path]:
+    ) -> builtins.list[Path]:
         """The checkpoint of ``step`` (default the latest) as a Hugging Face model directory
         (``config.json``, ``model.safetensors``); the files written. Needs torch."""
         with tempfile.TemporaryDirectory(prefix="hetsched-export-") as scratch:
             directory = self.download(job_id, step, dest=scratch)
             return export_checkpoint(directory, output, tokenizer=tokenizer, dtype=dtype)
-
 
     def plan(
         self, spec: PlanCreate | Mapping[str, Any] | None = None, /, **fields: Any
@@ -210,7 +201,7 @@ class Client:
     def schedule(self) -> SchedulePublic:
         return self._run(calls.schedule())
 
-    def datasets(self) -> list[DatasetPublic]:
+    def datasets(self) -> builtins.list[DatasetPublic]:
         return self._run(calls.datasets())
 
     def upload(self, path: str | Path, *, name: str | None = None) -> DatasetPublic:

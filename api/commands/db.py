@@ -108,9 +108,8 @@ def run(args: argparse.Namespace) -> int:
     except CommandError as exc:  # Alembic's one-line refusals (a revision out of range)
         raise HetschedError(f"db {args.action}: {exc}") from None
     except SQLAlchemyError as exc:
-        first = (
-            str(exc.orig if getattr(exc, "orig", None) else exc).strip().splitlines() or ["?"]
-        )[0]
+        cause = getattr(exc, "orig", None) or exc  # the driver's own error, when there is one
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise HetschedError(f"db: cannot use {engine.url.render_as_string()}: {first}") from None
     finally:
         engine.dispose()

@@ -163,14 +163,17 @@ def test_logs_wait_and_status_of_a_finished_job(
 def test_submit_wait_exits_1_when_the_job_fails(
     live: str, trained_job: Trained, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Step 1 of the trained job has no checkpoint (steps 2 and 5 do)."""
+    """Step 1 of the trained job has no checkpoint (steps 2 and 5 do): the job fails when
+    it starts."""
     source = f"{trained_job.job.id}@1"
     code, out, _ = run_cli(
         capsys, "submit", "--wait", "--global-batch", "8", "--steps", "2", "--init-from", source
     )
     assert code == 1, out
     assert out.splitlines()[0].startswith("submitted job ")
-    assert "FAILED: init_from: " in out.splitlines()[-1]
+    assert out.splitlines()[-1].endswith(
+        " (job): FAILED: checkpoint: no complete checkpoint at step 1; have 2, 5"
+    )
 
 
 def test_cluster_schedule_upload_and_datasets(
