@@ -168,16 +168,16 @@ class Trained:
     events: list[Event]
 
 
-TRAINED_STEPS = 6
+TRAINED_STEPS = 4
 
 
 @pytest.fixture(scope="session")
 def trained_job(live_service: Serve) -> Trained:
     """A short job on :func:`live_service`, followed live from its submission to its end
-    (checkpoints after steps 2 and 5, validation after steps 2 and 5)."""
+    (checkpoints and validation after steps 1 and 3)."""
     with Client(live_service.url, token=SERVICE_TOKEN) as client:
         job = client.submit(
-            name="trained", global_batch=8, steps=TRAINED_STEPS, checkpoint_every=3, val_every=3
+            name="trained", global_batch=8, steps=TRAINED_STEPS, checkpoint_every=2, val_every=2
         )
         events = list(client.follow(job.id, poll_s=0.2))
         return Trained(job=client.wait(job.id, timeout_s=JOB_TIMEOUT_S), events=events)

@@ -73,21 +73,21 @@ def test_metrics_checkpoints_download_and_export(
     job_id = trained_job.job.id
     metrics = client.metrics(job_id)
     assert [s.step for s in metrics] == list(range(TRAINED_STEPS))
-    assert [s.step for s in client.metrics(job_id, since=4)] == [4, 5]
-    assert metrics[2].val_loss is not None and metrics[1].val_loss is None
+    assert [s.step for s in client.metrics(job_id, since=2)] == [2, 3]
+    assert metrics[1].val_loss is not None and metrics[0].val_loss is None
     try:
         frame = metrics.to_pandas()
     except HetschedError as exc:
         assert str(exc) == "metrics: to_pandas needs pandas (pip install pandas)"
     else:
         assert list(frame.index) == list(range(TRAINED_STEPS))
-        assert frame.loc[5, "loss"] == metrics[5].loss
+        assert frame.loc[3, "loss"] == metrics[3].loss
     kept = [c.step for c in client.checkpoints(job_id)]
-    assert kept == [2, 5], "checkpoint ids are the step they follow, as the metrics number it"
-    directory = client.download(job_id, 2, dest=tmp_path / "dl")
-    assert directory == tmp_path / "dl" / "step-00000002"
+    assert kept == [1, 3], "checkpoint ids are the step they follow, as the metrics number it"
+    directory = client.download(job_id, 1, dest=tmp_path / "dl")
+    assert directory == tmp_path / "dl" / "step-00000001"
     manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest["step"] == 2
+    assert manifest["step"] == 1
     assert list((tmp_path / "dl").iterdir()) == [directory], "the archive is unpacked, then gone"
     written = client.export(job_id, tmp_path / "hf", dtype="bfloat16")
     assert sorted(p.name for p in written) == ["config.json", "model.safetensors"]

@@ -163,16 +163,16 @@ def test_logs_wait_and_status_of_a_finished_job(
 def test_submit_wait_exits_1_when_the_job_fails(
     live: str, trained_job: Trained, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Step 1 of the trained job has no checkpoint (steps 2 and 5 do): the job fails when
+    """Step 0 of the trained job has no checkpoint (steps 1 and 3 do): the job fails when
     it starts."""
-    source = f"{trained_job.job.id}@1"
+    source = f"{trained_job.job.id}@0"
     code, out, _ = run_cli(
         capsys, "submit", "--wait", "--global-batch", "8", "--steps", "2", "--init-from", source
     )
     assert code == 1, out
     assert out.splitlines()[0].startswith("submitted job ")
     assert out.splitlines()[-1].endswith(
-        " (job): FAILED: checkpoint: no complete checkpoint at step 1; have 2, 5"
+        " (job): FAILED: checkpoint: no complete checkpoint at step 0; have 1, 3"
     )
 
 
@@ -206,17 +206,17 @@ def test_export_downloads_the_checkpoint_from_the_service(
 ) -> None:
     job_id = trained_job.job.id
     out_dir = tmp_path / "hf"
-    code, out, err = run_cli(capsys, "export", f"{job_id}@2", "-o", str(out_dir), "--url", live)
+    code, out, err = run_cli(capsys, "export", f"{job_id}@1", "-o", str(out_dir), "--url", live)
     assert code == 0, err
     assert (
-        out == f"exported job {job_id} (step 2) from {live} to {out_dir}: config.json, "
+        out == f"exported job {job_id} (step 1) from {live} to {out_dir}: config.json, "
         "model.safetensors\n"
     )
     assert json.loads((out_dir / "config.json").read_text())["model_type"] == "gpt2"
     code, _, err = run_cli(
-        capsys, "export", f"{job_id}@3", "-o", str(tmp_path / "x"), "--url", live
+        capsys, "export", f"{job_id}@2", "-o", str(tmp_path / "x"), "--url", live
     )
     assert (code, err) == (
         2,
-        f"hetsched: error: 404: step: job {job_id} has no checkpoint 3; kept: 2, 5\n",
+        f"hetsched: error: 404: step: job {job_id} has no checkpoint 2; kept: 1, 3\n",
     )
