@@ -211,13 +211,18 @@ def postgres_server() -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="hetsched-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:
-        owner = pwd.getpwnam("postgres")
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.fail("PostgreSQL is installed but there is no 'postgres' user to run it as")
         os.chown(root, owner.pw_uid, owner.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
     data, port = root / "data", free_port()
 
     def pg(*argv: str) -> None:
-        subprocess.run([*as_user, *argv], check=True, capture_output=True, timeout=120)
+        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            pytest.fail(f"{Path(argv[0]).name} failed ({done.returncode}): {done.stderr[-2000:]}")
 
     pg(str(bindir / "initdb"), "-D", str(data), "-U", "hetsched", "--auth=trust", "--no-sync")
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
