@@ -17,7 +17,9 @@ import os
 import re
 import secrets
 from pathlib import Path
+
 from fastapi import APIRouter, HTTPException, Query, Request, status
+
 from api.deps import UNAUTHORIZED, Auth, StateDep
 from api.schemas.datasets import DatasetPublic, DatasetsPublic
 from api.schemas.service import ErrorPublic
