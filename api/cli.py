@@ -8,17 +8,22 @@
     hetsched serve ...                  the control plane and dashboard
     hetsched prepare-data ...           tokenize a text file into a token-id dataset
     hetsched export ...                 a checkpoint as a Hugging Face model directory
-    hetsched submit|jobs|status|stop    talk to a running control plane
+    hetsched db upgrade|current|downgrade   the job store's schema (operators)
+    hetsched submit|jobs|status|logs|wait|stop|delete   a running control plane's jobs
+    hetsched cluster|schedule|datasets|upload           its devices, policy and datasets
 
-User errors print one line, ``hetsched: error: ...``, and exit with code 2.
+User errors, usage errors included, print one line, ``hetsched: error: ...``, and exit
+with code 2; output piped into ``head`` ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from scheduler.errors import HetschedError
 
@@ -32,11 +37,29 @@ COMMANDS = {
     "serve": "serve",
     "prepare-data": "prepare_data",
     "export": "export",
+    "db": "db",
     "submit": "client",
     "jobs": "client",
     "status": "client",
+    "logs": "client",
+    "wait": "client",
     "stop": "client",
+    "delete": "client",
+    "cluster": "remote",
+    "schedule": "remote",
+    "datasets": "remote",
+    "upload": "remote",
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line, like every other error (``--help`` still shows usage);
+    its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("hetsched").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"hetsched: error: {where}{message} (see {self.prog} --help)\n")
 
 
 def _command_from_argv(argv: Sequence[str]) -> str | None:
@@ -48,7 +71,7 @@ def _command_from_argv(argv: Sequence[str]) -> str | None:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported when it is a known command."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hetsched",
         description="Train one transformer across mixed GPUs with uneven per-device batches.",
     )
@@ -70,13 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(command)
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try
+        return code
     except HetschedError as exc:
         print(f"hetsched: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hetsched: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `hetsched jobs | head -1`: the reader has gone. Point stdout at /dev/null so the
+        # interpreter's last flush cannot complain, and exit as a SIGPIPE'd tool does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

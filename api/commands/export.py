@@ -3,6 +3,7 @@
     hetsched export 3f2a9c01 -o out/           # a job's latest checkpoint; 3f2a9c01@39: step 39
     hetsched export .hetsched/checkpoints/3f2a9c01 -o out/   # a checkpoint directory
     hetsched export model.safetensors -o out/ --tokenizer data.tokenizer.json
+    hetsched export 3f2a9c01@39 -o out/ --url http://gpu-lab:8000   # from a remote service
 
 writes ``config.json`` and ``model.safetensors`` (and ``tokenizer.json``), which
 ``transformers``' ``AutoModelForCausalLM`` loads with hetsched's logits. What a
@@ -20,13 +21,16 @@ from typing import Any
 
 import torch
 
+from api.commands.client import CLI_RETRY
 from api.commands.common import add_command
+from api.core.checkpoints import find_in_directory, read_durable
 from api.core.db import make_engine
 from api.core.settings import Settings
 from api.store import JobStore
+from hetsched import Client
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset, get_preset, preset_from_dict
-from workers.checkpoint import MANIFEST, CheckpointInfo, CheckpointStore, read_tensors
+from workers.checkpoint import CheckpointInfo, CheckpointStore
 from workers.data.datafile import describe_file
 from workers.models.hf import read_safetensors, save_hf_directory
 
@@ -63,6 +67,12 @@ def add_parser(subparsers: Any) -> None:
         metavar="DIR",
         help="the service's data directory, to find a job (default: as hetsched serve, "
         "./.hetsched or HETSCHED_DATA_DIR)",
+    )
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="download the job's checkpoint from the control plane at URL (token: "
+        "$HETSCHED_TOKEN or $HETSCHED_API_TOKEN) instead of reading the local data directory",
     )
 
 
@@ -102,27 +112,6 @@ def read_checkpoint(path: Path) -> tuple[ModelPreset, dict[str, Any], str | None
     return _preset(raw.get("preset"), str(path)), raw["model"], raw.get("tokenizer")
 
 
-def find_in_directory(path: Path) -> CheckpointInfo:
-    """The checkpoint of a step directory, or the latest under a job's root."""
-    one_step = re.fullmatch(r"step-\d{8}", path.name) or (path / MANIFEST).exists()
-    checkpoints = CheckpointStore(str(path.parent if one_step else path))
-    if one_step:
-        step = int(path.name.removeprefix("step-"))
-        found = [c for c in checkpoints.complete() if c.step == step]
-        if not found:
-            raise HetschedError(
-                f"checkpoint: {path} has no {MANIFEST}; it is torn (a crash while it was "
-                "written) and cannot be exported"
-            )
-        return found[0]
-    info = checkpoints.latest()
-    if info is None:
-        torn = sorted(p.name for p in path.glob("step-*"))
-        what = f"only torn ones ({', '.join(torn)}: no {MANIFEST})" if torn else "none"
-        raise HetschedError(f"checkpoint: {path} holds no complete checkpoint; {what}")
-    return info
-
-
 def find_job_checkpoint(ref: str, data_dir: Path | None) -> tuple[CheckpointInfo, Path]:
     """``JOB_ID`` or ``JOB_ID@STEP`` in the service's records; the checkpoint and the
     service's data directory."""
@@ -153,26 +142,6 @@ def find_job_checkpoint(ref: str, data_dir: Path | None) -> tuple[CheckpointInfo
     if info is None:
         raise HetschedError(f"export: job {job_id} has no checkpoint yet")
     return info, settings.data_dir
-
-
-def read_durable(info: CheckpointInfo) -> tuple[ModelPreset, dict[str, Any]]:
-    """The model and weights of a durable checkpoint (its manifest and safetensors parts)."""
-    where = f"{info.uri}/{MANIFEST}"
-    raw = info.manifest.get("model")
-    if not isinstance(raw, Mapping):
-        raise HetschedError(f"checkpoint: {where} lacks the model's dimensions ('model')")
-    preset = preset_from_dict(dict(raw), where=f"{where}.model")
-    names = [n for held in info.manifest.get("parts", {}).values() for n in held]
-    try:
-        tensors = read_tensors(
-            info.uri, info.manifest, [n for n in names if n.startswith("model/")]
-        )
-    except Exception as exc:  # a missing part, a truncated safetensors file
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise HetschedError(
-            f"checkpoint: {info.uri} is torn or corrupt (a part cannot be read: {first_line})"
-        ) from exc
-    return preset, {k.removeprefix("model/"): v for k, v in tensors.items()}
 
 
 def dataset_tokenizer(manifest: Mapping[str, Any], data_dir: Path) -> str | None:
@@ -216,7 +185,33 @@ def read_any(ref: str, data_dir: Path | None) -> tuple[ModelPreset, dict[str, An
     return preset, state, dataset_tokenizer(info.manifest, service_dir)
 
 
+def run_remote(args: argparse.Namespace) -> int:
+    """``--url``: download the job's checkpoint from the service, then export it here."""
+    match = JOB_REF.match(args.checkpoint)
+    if match is None:
+        raise HetschedError(
+            f"checkpoint: with --url, give JOB_ID or JOB_ID@STEP, got {args.checkpoint!r}"
+        )
+    job_id, step = match.group(1), match.group(2)
+    with Client(args.url, retry=CLI_RETRY) as client:
+        written = client.export(
+            job_id,
+            args.output,
+            step=int(step) if step is not None else None,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+        )
+    where = f"step {step}" if step is not None else "latest checkpoint"
+    print(
+        f"exported job {job_id} ({where}) from {args.url} to {args.output}: "
+        f"{', '.join(p.name for p in written)}"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        return run_remote(args)
     preset, state, tokenizer = read_any(args.checkpoint, args.data_dir)
     if args.tokenizer:
         tokenizer = args.tokenizer

@@ -470,7 +470,23 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "per device (medians over the steps after the first):"]
     rows = [row for r in doc["runs"] for row in _device_rows(r)]
     lines.append(format_table(DEVICE_COLUMNS, rows, right={2, 4, 5, 6, 7}))
-    return "\n".join(lines + _loss_lines(doc["runs"]))
+    return "\n".join(lines + _event_lines(doc["runs"]) + _loss_lines(doc["runs"]))
+
+
+def _event_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """What a fault or a speed change made each run do (the JSON's recoveries and replans)."""
+    lines = []
+    for r in runs:
+        for rec in r["recoveries"]:
+            lines.append(
+                f"  {r['strategy']:<12} recovered from {rec['error']} at step "
+                f"{rec['failed_step']}: lost {', '.join(rec['lost']) or 'none'}, resumed at step "
+                f"{rec['resumed_step']} ({rec['steps_redone']} redone) in {rec['recover_s']:.1f} s"
+            )
+        for d in r["replans"]:
+            verb = "re-planned" if d["switch"] else "kept its plan"
+            lines.append(f"  {r['strategy']:<12} {verb} at step {d['step']}: {d['reason']}")
+    return ["", "recoveries and re-plans:", *lines] if lines else []
 
 
 def _strategy_row(r: dict[str, Any], ideal: float) -> list[str]:
@@ -516,7 +532,7 @@ def _loss_lines(runs: list[dict[str, Any]]) -> list[str]:
         for r in runs:
             evaluated = [(i, v) for i, v in enumerate(r["val_losses"]) if v is not None]
             lines.append(
-                f"  {r['strategy']:<12} " + " ".join(f"{i + 1}: {v:.3f}" for i, v in evaluated)
+                f"  {r['strategy']:<12} " + " ".join(f"{i}: {v:.3f}" for i, v in evaluated)
             )
     return lines
 

@@ -7,6 +7,11 @@ On start, :func:`upgrade` brings the database to the newest revision:
 - a database made before migrations existed (the tables of revision 0001,
   no ``alembic_version``) is stamped 0001 first, then upgraded, rows kept.
 
+Operators run the same functions with ``hetsched db upgrade | current | downgrade``
+(api/commands/db.py), and ``alembic`` itself works from the repository root
+(``[tool.alembic]`` in pyproject.toml; the database is ``HETSCHED_DB_URL`` or the data
+directory's SQLite file, as the service reads them).
+
 Adding a table or column (checkpoints, recovery records): change the models
 in ``api/core/db.py``, then write the next revision, by hand or with
 
@@ -52,6 +57,12 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+def revisions() -> list[str]:
+    """Every revision, oldest first."""
+    script = ScriptDirectory.from_config(_config())
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str:
     """Bring ``engine``'s database to ``revision`` (the newest by default); returns it."""
     with engine.begin() as connection:
@@ -60,7 +71,15 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
         if "jobs" in tables and "alembic_version" not in tables:
             command.stamp(config, BASELINE)  # made by create_all before migrations
         command.upgrade(config, revision)
-    return head_revision() if revision == "head" else revision
+    return current_revision(engine) or ""
+
+
+def downgrade(engine: Engine, revision: str) -> str | None:
+    """Take ``engine``'s database back to ``revision`` (``-1``: one step; ``base``: empty);
+    returns the revision it is at after (None: no tables of hetsched's left)."""
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), revision)
+    return current_revision(engine)
 
 
 def _autogenerate(message: str) -> None:

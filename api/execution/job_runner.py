@@ -249,11 +249,11 @@ class JobHooks:
         live.steps_done = m.step + 1
         live.device_steps = {d.id: (d.busy_s, d.wait_s, d.peak_bytes) for d in m.devices}
         if m.val_loss is not None:
-            self._log("INFO", f"step {m.step + 1}: validation loss {m.val_loss:.4f}")
+            self._log("INFO", f"step {m.step}: validation loss {m.val_loss:.4f}")
         if m.step < 3 or (m.step + 1) % max(1, steps // 20) == 0 or m.step + 1 == steps:
             self._log(
                 "INFO",
-                f"step {m.step + 1}/{steps}: loss {m.loss:.4f}, "
+                f"step {m.step} ({m.step + 1}/{steps} done): loss {m.loss:.4f}, "
                 f"{m.step_s * 1e3:.0f} ms, {m.samples_per_s:.1f} samples/s",
             )
 

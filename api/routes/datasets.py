@@ -17,12 +17,11 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from pydantic import BaseModel
 
 from api.deps import UNAUTHORIZED, Auth, StateDep
+from api.schemas.datasets import DatasetPublic, DatasetsPublic
 from api.schemas.service import ErrorPublic
 from api.services import list_datasets
 from scheduler.errors import HetschedError
@@ -43,22 +42,6 @@ NAME_PATTERN = (
 )
 """What ``_check_name`` allows, as the API document states it (no ``..``, a dataset suffix)."""
 _CHUNK_BYTES = 1 << 20
-
-
-class DatasetPublic(BaseModel):
-    name: str
-    kind: Literal["bytes", "tokens", "sidecar", "tokenizer"]
-    size_bytes: int
-    num_tokens: int | None = None
-    vocab_size: int | None = None
-    tokenizer: str | None = None
-    problem: str | None = None
-    """Why a listed file cannot train (a ``.bin`` without its sidecar, say)."""
-
-
-class DatasetsPublic(BaseModel):
-    data: list[DatasetPublic]
-    count: int
 
 
 def _describe(name: str, path: Path) -> DatasetPublic:

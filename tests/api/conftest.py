@@ -2,22 +2,37 @@
 
 ``offline`` apps neither start Ray nor run the executor (fast, for input
 handling); ``live`` apps run the executor on one local Ray per module.
+``db_url`` is a fresh database on SQLite and on a throwaway PostgreSQL server.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from api.app import create_app
 from api.cli import main
 from api.core.settings import DEFAULT_CLUSTER, Settings
+from api.schemas.jobs import JobPublic
 from api.services import ClusterHandle, connect_cluster
+from hetsched import Client, Event
 from scheduler.hardware.cluster import load_cluster
+from tests.support import JOB_TIMEOUT_S, Serve, clean_env, free_port, serving
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -108,3 +123,162 @@ def live(warm_cluster: ClusterHandle, cache_dir: Path, tmp_path: Path) -> Callab
         return TestClient(create_app(make_settings(tmp_path, **values), cluster=warm_cluster))
 
     return build
+
+
+class ThreadedService:
+    """An app under uvicorn in a thread of this process, on ``port`` (default a free one);
+    :meth:`start` may wait first, as a service that comes up late."""
+
+    def __init__(self, settings: Settings, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread: threading.Thread | None = None
+
+    def start(self, *, delay_s: float = 0.0) -> ThreadedService:
+        def serve() -> None:
+            time.sleep(delay_s)
+            self.server.run()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        return self
+
+    def wait_up(self, timeout_s: float = 30.0) -> ThreadedService:
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(10)
+
+
+SERVICE_TOKEN = "tok"
+"""The bearer token of :func:`live_service`."""
+
+
+@pytest.fixture(scope="session")
+def live_service(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Serve]:
+    """One ``hetsched serve`` (its own process and local Ray, the fifo policy, token
+    :data:`SERVICE_TOKEN`) shared by the client's and the CLI's tests."""
+    env = clean_env(
+        HETSCHED_API_TOKEN=SERVICE_TOKEN,
+        HETSCHED_CACHE_DIR=str(cache_dir),
+        HETSCHED_POLICY="fifo",
+    )
+    with serving(tmp_path_factory.mktemp("service"), env=env) as service:
+        yield service
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trained:
+    """A job :func:`trained_job` ran to the end, and what following it live yielded."""
+
+    job: JobPublic
+    events: list[Event]
+
+
+TRAINED_STEPS = 4
+
+
+@pytest.fixture(scope="session")
+def trained_job(live_service: Serve) -> Trained:
+    """A short job on :func:`live_service`, followed live from its submission to its end
+    (checkpoints and validation after steps 1 and 3)."""
+    with Client(live_service.url, token=SERVICE_TOKEN) as client:
+        job = client.submit(
+            name="trained", global_batch=8, steps=TRAINED_STEPS, checkpoint_every=2, val_every=2
+        )
+        events = list(client.follow(job.id, poll_s=0.2))
+        return Trained(job=client.wait(job.id, timeout_s=JOB_TIMEOUT_S), events=events)
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def postgres_bindir() -> Path | None:
+    """Where PostgreSQL's initdb and pg_ctl are: on the PATH, or Debian's versioned folder."""
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3])
+    )
+    return versions[-1].parent if versions else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server for the session, on a free port of 127.0.0.1 with
+    ``trust`` authentication; its SQLAlchemy URL without a database name.
+
+    PostgreSQL refuses to run as root: as root it runs as the ``postgres`` system user
+    (Debian's package makes one), its data directory handed over to that user.
+    """
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL's initdb and pg_ctl are not installed (apt-get install postgresql)")
+    root = Path(tempfile.mkdtemp(prefix="hetsched-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.fail("PostgreSQL is installed but there is no 'postgres' user to run it as")
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", free_port()
+
+    def pg(*argv: str) -> None:
+        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            pytest.fail(f"{Path(argv[0]).name} failed ({done.returncode}): {done.stderr[-2000:]}")
+
+    pg(str(bindir / "initdb"), "-D", str(data), "-U", "hetsched", "--auth=trust", "--no-sync")
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    pg(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-l",
+        str(root / "log"),
+        "-w",
+        "start",
+    )
+    try:
+        yield f"postgresql+psycopg://hetsched@127.0.0.1:{port}"
+    finally:
+        pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty database on the session's PostgreSQL server, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{postgres_server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{postgres_server}/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The job store's database, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'hetsched.db'}"
+    return str(request.getfixturevalue("postgres_url"))

@@ -91,7 +91,7 @@ def test_simulate_json_prints_one_object_with_every_strategy(
             "devices",
         }
         assert len(r["losses"]) == 3 and r["measured_step_s"] > 0
-        # evaluated after step 2 (every second) and step 3 (the last), per step in the JSON
+        # evaluated after step 1 (every second) and step 2 (the last), per step in the JSON
         assert [v is None for v in r["val_losses"]] == [True, False, False]
         assert len(r["step_times_s"]) == 3 and r["recoveries"] == []
         assert sum(d["samples"] for d in r["plan"]["devices"]) == 8
@@ -126,3 +126,37 @@ def test_simulate_rejects_an_unknown_strategy_in_one_line(tmp_path: Path) -> Non
         + ", ".join(__import__("scheduler.planning.planner", fromlist=["STRATEGIES"]).STRATEGIES)
     ]
     assert out.stdout == ""
+
+
+def test_the_table_says_what_a_run_did_about_its_faults() -> None:
+    """The recoveries and re-plans of ``--json`` are in the table too (a README fault
+    example used to print a table that never mentioned the crash)."""
+    from api.commands.simulate import render
+
+    device = {"id": "box/0", "busy_s": 0.1, "wait_s": 0.0, "peak_bytes": 1000}
+    run = {
+        "strategy": "dp",
+        "plan": {"strategy": "dp", "devices": [
+            {"id": "box/0", "samples": 8, "micro_batch": 8, "accum_steps": 1, "busy_s": 0.1}
+        ]},
+        "predicted_step_s": 0.1,
+        "measured_step_s": 0.1,
+        "measured_samples_per_s": 80.0,
+        "losses": [5.0, 4.0],
+        "val_losses": [None, None],
+        "devices": [device],
+        "recoveries": [{"error": "worker died", "failed_step": 12, "resumed_step": 10,
+                        "steps_redone": 2, "lost": ["box/1"], "recover_s": 3.14}],
+        "replans": [{"step": 17, "switch": True, "reason": "box/0 3.00x slower"}],
+    }  # fmt: skip
+    doc = {"cluster": "box", "model": "gpt-tiny", "global_batch": 8, "steps": 2, "seed": 0,
+           "ideal_samples_per_s": 100.0, "speedup_vs_even": None, "runs": [run]}  # fmt: skip
+    text = render(doc)
+    assert (
+        "  dp           recovered from worker died at step 12: lost box/1, resumed at step 10 "
+        "(2 redone) in 3.1 s"
+    ) in text.splitlines()
+    assert "  dp           re-planned at step 17: box/0 3.00x slower" in text.splitlines()
+    assert "recoveries and re-plans:" not in render(
+        doc | {"runs": [run | {"recoveries": [], "replans": []}]}
+    )

@@ -41,7 +41,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"execution"},
         {"views", "deps"},
         {"routes"},
-        {"app"},
+        {"app", "client"},
         {"commands"},
         {"cli"},
     ],

@@ -113,7 +113,7 @@ function renderDeviceTimes(job, steps) {
     box.innerHTML = '<p class="muted">Appears after the first step.</p>';
     return;
   }
-  $("device-time-note").textContent = `step ${last.step + 1} · busy, then waiting; line: predicted busy`;
+  $("device-time-note").textContent = `step ${last.step} · busy, then waiting; line: predicted busy`;
   hbars(box, last.devices.map((d) => {
     const plan = predicted.get(d.id);
     const type = overview.devices.get(d.id)?.type || "";
@@ -139,12 +139,12 @@ function eventText(e) {
       `${d.steps_redone ?? 0} steps redone, back in ${fmtSeconds(d.recover_s)}`;
   }
   if (e.kind === "replan") return d.reason || "re-planned";
-  return `control plane restarted; resumed at step ${e.step + 1}`;
+  return `control plane restarted; resumed at step ${e.step}`;
 }
 
 function eventMarks(job) {
   return (job.events || []).map((e) => ({
-    x: e.step + 1, label: EVENT_LABEL[e.kind] || e.kind, title: eventText(e),
+    x: e.step, label: EVENT_LABEL[e.kind] || e.kind, title: eventText(e),
   }));
 }
 
@@ -153,10 +153,10 @@ function renderEvents(job, checkpoints) {
   $("events-card").hidden = !events.length && !checkpoints.length;
   $("events-view").innerHTML = events.map((e) =>
     `<li><span class="badge ${esc(e.kind)}">${esc(EVENT_LABEL[e.kind] || e.kind)}</span>
-      <span class="muted">step ${e.step + 1}</span> ${esc(eventText(e))}</li>`).join("");
+      <span class="muted">step ${e.step}</span> ${esc(eventText(e))}</li>`).join("");
   const last = checkpoints.length ? checkpoints[checkpoints.length - 1] : null;
   $("checkpoint-link").innerHTML = last
-    ? `<a href="${esc(last.url)}" download>download checkpoint of step ${last.step + 1}</a>` : "";
+    ? `<a href="${esc(last.url)}" download>download checkpoint of step ${last.step}</a>` : "";
 }
 
 function renderCharts(job, steps) {
@@ -164,10 +164,10 @@ function renderCharts(job, steps) {
   const marks = eventMarks(job);
   lineChart($("loss-chart"), {
     series: [
-      { name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.loss]) },
+      { name: "loss", color: "var(--series-1)", points: steps.map((s) => [s.step, s.loss]) },
       // the held-out split, on the steps that were evaluated
       { name: "validation loss", color: "var(--series-2)",
-        points: steps.filter((s) => isNum(s.val_loss)).map((s) => [s.step + 1, s.val_loss]) },
+        points: steps.filter((s) => isNum(s.val_loss)).map((s) => [s.step, s.val_loss]) },
     ],
     marks,
     yFormat: (v) => fmtNum(v, 3), xLabel: "step",
@@ -178,15 +178,15 @@ function renderCharts(job, steps) {
   const even = plan && plan.baselines ? plan.baselines.even : null;
   if (even) refs.push({ y: even.predicted_samples_per_s, label: "even split (pred.)", color: "var(--series-3)" });
   lineChart($("throughput-chart"), {
-    series: [{ name: "samples/s", color: "var(--series-1)", points: steps.map((s) => [s.step + 1, s.samples_per_s]) }],
+    series: [{ name: "samples/s", color: "var(--series-1)", points: steps.map((s) => [s.step, s.samples_per_s]) }],
     refs, marks, yZero: true, yFormat: (v) => fmtNum(v, 3), xLabel: "step",
     emptyText: TERMINAL.has(job.state) ? "No steps were run" : "Waiting for the first step…",
   });
   const last = steps.length ? steps[steps.length - 1] : null;
   const lastVal = steps.filter((s) => isNum(s.val_loss)).pop();
-  $("loss-last").textContent = (last ? `step ${last.step + 1}: ${fmtNum(last.loss, 4)}` : "")
-    + (lastVal ? ` · validation ${fmtNum(lastVal.val_loss, 4)} (step ${lastVal.step + 1})` : "");
-  $("tput-last").textContent = last ? `step ${last.step + 1}: ${fmtRate(last.samples_per_s)}` : "";
+  $("loss-last").textContent = (last ? `step ${last.step}: ${fmtNum(last.loss, 4)}` : "")
+    + (lastVal ? ` · validation ${fmtNum(lastVal.val_loss, 4)} (step ${lastVal.step})` : "");
+  $("tput-last").textContent = last ? `step ${last.step}: ${fmtRate(last.samples_per_s)}` : "";
 }
 
 function renderSpec(job) {

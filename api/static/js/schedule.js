@@ -49,7 +49,7 @@ export function renderAllocations(job) {
       ? `moved from ${esc(devicesText(a.from_devices))} to ${esc(devicesText(a.devices))}`
       : `started on ${esc(devicesText(a.devices))}`;
     return `<li><span class="badge allocation">${esc(a.policy)}</span>
-      <span class="muted">step ${a.step + 1} · ${esc(fmtDateTime(a.time))}</span> ${what}
+      <span class="muted">step ${a.step} · ${esc(fmtDateTime(a.time))}</span> ${what}
       <div class="muted small">${esc(a.reason)}</div></li>`;
   }).join("");
 }
