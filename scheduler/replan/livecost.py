@@ -14,9 +14,10 @@ from scheduler.cost.costmodel import busy_s, num_micro_batches, ring_allreduce_s
 from scheduler.cost.costs import RecomputeCost
 from scheduler.cost.profile import DeviceProfile, LayerCost, LayerProfile, Profile
 from scheduler.errors import PlanError
+from scheduler.planning.fsdp import predict_fsdp_step_s
 from scheduler.planning.hybrid import sync_s
 from scheduler.planning.pipeline import stage_plans
-from scheduler.planning.plan import DevicePlan, Plan
+from scheduler.planning.plan import SHARDED_STRATEGIES, DevicePlan, Plan
 from scheduler.planning.stages import (
     Chain,
     Stage,
@@ -183,6 +184,8 @@ def predict_step_s(plan: Plan, profile: Profile) -> float:
     by_id = _by_id(plan, profile)
     if not plan.active:
         return 0.0
+    if plan.strategy in SHARDED_STRATEGIES:  # per-unit collectives: scheduler.planning.fsdp
+        return predict_fsdp_step_s(plan, profile)
     if plan.active[0].layers is None:
         busy = predicted_busy_s(plan, profile)
         devices = [by_id[d.id] for d in plan.active]
