@@ -311,7 +311,8 @@ class Pieces:
 
     def caps(self, t: float, mem: FloatArray) -> FloatArray:
         """Largest ``m`` per mode and class with ``Φ(m) ≤ t`` within memory ``mem``."""
-        each = np.floor((t - self.lead) * self.inv).min(axis=0)
+        # 1e-9: ``Φ(m)`` inverted in floating point must give back ``m``, not ``m − ε``
+        each = np.floor((t - self.lead) * self.inv + 1e-9).min(axis=0)
         caps: FloatArray = np.where(t >= self.floor_s, np.maximum(np.minimum(each, mem), 0), 0)
         return caps
 
@@ -418,7 +419,7 @@ def solve_group(
         if best is not None and k * floor_s >= best.step_s:
             break
         micro = _split(cl, pieces, mem, per_micro)
-        if micro is not None:
+        if micro is not None and float(micro @ cl.counts) >= per_micro:
             modes = _best_modes(pieces, mem, micro)
             step, compute = _evaluate(cl, micro, modes, comm, counts, k)
             if best is None or step < best.step_s:

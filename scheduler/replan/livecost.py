@@ -80,9 +80,11 @@ def live_profile(base: Profile, factors: Mapping[str, float]) -> Profile:
 
 
 def missing_devices(plan: Plan, profile: Profile) -> list[str]:
-    """Active devices of ``plan`` that ``profile`` no longer has (lost devices)."""
+    """Active devices of ``plan`` that ``profile`` no longer has (lost devices); for a
+    sharded plan every device counts, since one without samples still owns a shard."""
     known = {d.id for d in profile.devices}
-    return [d.id for d in plan.active if d.id not in known]
+    devices = plan.devices if plan.strategy in SHARDED_STRATEGIES else plan.active
+    return [d.id for d in devices if d.id not in known]
 
 
 def _by_id(plan: Plan, profile: Profile) -> dict[str, DeviceProfile]:
