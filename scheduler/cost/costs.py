@@ -293,6 +293,13 @@ def with_derived_recompute(device: DeviceProfile, model: ModelPreset) -> DeviceP
     )
 
 
+GLOO_COLLECTIVE_LATENCY_S = 1e-3
+"""One gloo collective on loopback with Python around it: 0.3–2 ms (as a pipeline message,
+:data:`scheduler.planning.stages.P2P_LATENCY_S`)."""
+NCCL_COLLECTIVE_LATENCY_S = 5e-5
+"""One small NCCL all-gather or reduce-scatter inside a node: tens of µs (nccl-tests)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShardingFigures:
     """What fully-sharded plans (``fsdp``) need about the model, the same on every device
@@ -329,6 +336,8 @@ class ShardingFigures:
     padded_collectives: bool = False
     """Unequal all-gathers and reduce-scatters are padded to the largest shard (gloo):
     gathered buffers then hold ``ranks × largest shard`` elements."""
+    collective_latency_s: float = GLOO_COLLECTIVE_LATENCY_S
+    """Cost of one collective besides its bytes (three per unit and micro-batch)."""
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_numel"):
@@ -340,6 +349,10 @@ class ShardingFigures:
         for name in ("state_bytes_per_element", "gather_bytes_per_element"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sharding.{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.collective_latency_s < 1:
+            raise ValueError(
+                f"sharding.collective_latency_s: must be in [0, 1), got {self.collective_latency_s}"
+            )
         if self.grad_bytes_per_element < 1:
             raise ValueError(
                 f"sharding.grad_bytes_per_element: must be >= 1, got {self.grad_bytes_per_element}"
@@ -373,11 +386,13 @@ class ShardingFigures:
             "gather_bytes_per_element": self.gather_bytes_per_element,
             "grad_bytes_per_element": self.grad_bytes_per_element,
             "padded_collectives": self.padded_collectives,
+            "collective_latency_s": self.collective_latency_s,
         }
 
 
 def sharding_of(model: ModelPreset, *, padded_collectives: bool = False) -> ShardingFigures:
-    """The sharding figures of ``model`` from its shape (fp32 states and collectives)."""
+    """The sharding figures of ``model`` from its shape (fp32 states and collectives);
+    ``padded_collectives``: gloo (the CPU simulation), else NCCL's latency."""
     tied = model.family == "gpt"
     # llama's rotary cosines and sines, (max_seq_len, head_dim) each, fp32
     rotary = 0 if tied else 2 * model.max_seq_len * model.head_dim * 4
@@ -390,4 +405,7 @@ def sharding_of(model: ModelPreset, *, padded_collectives: bool = False) -> Shar
         tied_numel=model.vocab_size * model.d_model if tied else 0,
         unsharded_bytes=rotary,
         padded_collectives=padded_collectives,
+        collective_latency_s=GLOO_COLLECTIVE_LATENCY_S
+        if padded_collectives
+        else NCCL_COLLECTIVE_LATENCY_S,
     )

@@ -272,21 +272,27 @@ def _sharding(raw: Any) -> ShardingFigures | None:
         return None
     if not isinstance(raw, dict):
         raise ProfileError("profile: sharding must be an object")
-    unknown = sorted(set(raw) - {*_SHARDING_INTS, "tied_head", "padded_collectives"})
+    known = {*_SHARDING_INTS, "tied_head", "padded_collectives", "collective_latency_s"}
+    unknown = sorted(set(raw) - known)
     if unknown:
         raise ProfileError(f"profile: sharding.{unknown[0]} is not a known field")
     ints = {k: int(_num("sharding", raw, k, integer=True)) for k in _SHARDING_INTS if k in raw}
-    flags = {}
+    flags: dict[str, bool] = {}
     for key in ("tied_head", "padded_collectives"):
         if key in raw:
             if not isinstance(raw[key], bool):
                 raise ProfileError(f"profile: sharding.{key} must be true or false")
             flags[key] = raw[key]
+    latency = (
+        {"collective_latency_s": float(_num("sharding", raw, "collective_latency_s"))}
+        if "collective_latency_s" in raw
+        else {}
+    )
     for key in ("num_blocks", "block_numel", "embed_numel", "head_numel"):
         if key not in ints:
             raise ProfileError(f"profile: sharding.{key} is missing")
     try:
-        return ShardingFigures(**ints, **flags)
+        return ShardingFigures(**ints, **flags, **latency)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ProfileError(f"profile: {exc}") from exc
 

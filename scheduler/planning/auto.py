@@ -10,8 +10,9 @@ reason. A more elaborate strategy must be predicted at least
 :data:`PREFERENCE_MARGIN` faster than a simpler one to win (order: dp, fsdp, pp,
 hybrid): predictions carry errors of a few percent, and a simpler runtime
 communicates less (``fsdp`` runs the data-parallel program with a gather and a
-reduce-scatter per block; pipelines add stages and a schedule). The returned plan carries the winner's concrete strategy
-(what the runtime runs) and notes saying what was considered and why it won.
+reduce-scatter per block; pipelines add stages and a schedule). The returned
+plan carries the winner's concrete strategy (what the runtime runs) and notes
+saying what was considered and why it won.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ Zhao et al., 2023, with uneven shards as in Cephalo, ICS'25):
   gathered parameter copies and one unsharded gradient of the largest unit.
 - Collectives run over the slowest link of the group and are priced as rings
   whose every step moves the largest shard: ``(N − 1) · θ · elements · bytes / bandwidth``
-  with ``θ = max_i f_i``. That is exactly gloo's padded collective (padding counted)
+  with ``θ = max_i f_i``, plus a latency per collective (``collective_latency_s``:
+  about 1 ms on gloo, tens of µs on NCCL). That is exactly gloo's padded collective (padding counted)
   and the largest shard bounds an uneven NCCL one the same way, so uneven shards
   cost communication and the planner only makes them as uneven as memory needs.
   On gloo (``padded_collectives``) the gathered buffers hold ``N · θ`` × elements.
@@ -59,7 +60,6 @@ modes and the least-communication shards on small clusters
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -238,8 +238,9 @@ def collectives(sf: ShardingFigures, num_ranks: int, theta: float, link_gbps: fl
     numel = np.array([sf.embed_numel, sf.block_numel, sf.gathered_head_numel], dtype=np.float64)
     bytes_per_s = link_gbps * 1e9 / 8
     steps = num_ranks - 1
-    gather = steps * theta * numel * sf.gather_bytes_per_element / bytes_per_s
-    scatter = steps * theta * numel * sf.grad_bytes_per_element / bytes_per_s
+    latency = sf.collective_latency_s if num_ranks > 1 else 0.0
+    gather = steps * theta * numel * sf.gather_bytes_per_element / bytes_per_s + latency
+    scatter = steps * theta * numel * sf.grad_bytes_per_element / bytes_per_s + latency
     return Collectives(
         comm_s=2 * gather + scatter,
         first_gather_s=float(gather[0]),
@@ -537,9 +538,8 @@ def best_for_group(
         solutions.append(sol)
         # the most even shards beside the micro-batches found: less to gather, same compute
         cols = np.arange(len(sol.micro))
-        act = sol.micro * np.where(
-            np.isfinite(cl.act_bytes[sol.modes, cols]), cl.act_bytes[sol.modes, cols], 0
-        )
+        per_sample = cl.act_bytes[sol.modes, cols]
+        act = sol.micro.astype(np.float64) * np.where(np.isfinite(per_sample), per_sample, 0.0)
         tighter = even_shards(*args, act)
         if tighter is not None:
             again = solve_group(
@@ -584,7 +584,8 @@ def exclusion(d: DeviceProfile, sf: ShardingFigures, held: float) -> str | None:
     how = f" with {least.recompute} recomputation" if least.recompute != "none" else ""
     return (
         f"two gathered units and one unsharded gradient {format_bytes(int(held))} + one sample "
-        f"{format_bytes(least.per_sample_bytes)}{how} exceed capacity {format_bytes(d.capacity_bytes)}"
+        f"{format_bytes(least.per_sample_bytes)}{how} exceed capacity "
+        f"{format_bytes(d.capacity_bytes)}"
     )
 
 
@@ -831,7 +832,8 @@ def _to_plan(
     shards = sorted({round(e.shard or 0.0, 4) for e in out})
     notes = [
         f"fsdp: {'HSDP, ' + str(len(best.groups)) + ' groups (one per node), ' if hsdp else ''}"
-        f"{len(best.groups[0].devices)} ranks per group, {sol.accum_steps} micro-batch(es) per step, "
+        f"{len(best.groups[0].devices)} ranks per group, "
+        f"{sol.accum_steps} micro-batch(es) per step, "
         f"shards {shards[0]:.3g} to {shards[-1]:.3g} of every unit, "
         f"collectives {sol.comm.comm_s[1] * 1e3:.3g} ms per block per micro-batch"
         + (f", {best.sync_s * 1e3:.3g} ms cross-group all-reduce per step" if hsdp else ""),

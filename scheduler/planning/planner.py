@@ -3,7 +3,8 @@
 The planners live in their own modules and import nothing from here:
 data parallelism (``dp``, ``even``, ``proportional``) in :mod:`scheduler.planning.dp`,
 pipelines in :mod:`scheduler.planning.pipeline` (``pp``) and :mod:`scheduler.planning.hybrid`
-(``hybrid``), sharded states in :mod:`scheduler.planning.fsdp` (``fsdp``), and the choice among them in :mod:`scheduler.planning.auto` (``auto``).
+(``hybrid``), sharded states in :mod:`scheduler.planning.fsdp` (``fsdp``), and the choice
+among them in :mod:`scheduler.planning.auto` (``auto``).
 This module dispatches and adds the ``even`` and ``proportional`` baselines (and
 ``dp`` for pipeline and sharded plans) to every plan.
 """

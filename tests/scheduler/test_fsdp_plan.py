@@ -40,18 +40,15 @@ LINKS = Links(intra_node_gbps=0.001, inter_node_gbps=0.0005)
 
 
 def comm_s(sf: ShardingFigures, ranks: int, theta: float, gbps: float) -> tuple[list[float], float]:
-    """Per unit kind: 2 gathers + 1 reduce-scatter over the ring; and the first gather."""
+    """Per unit kind: 2 gathers + 1 reduce-scatter over the ring, each with its latency;
+    and the first gather."""
     numel = [sf.embed_numel, sf.block_numel, sf.gathered_head_numel]
     rate = gbps * 1e9 / 8
-    per = [
-        (ranks - 1)
-        * theta
-        * e
-        * (2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element)
-        / rate
-        for e in numel
-    ]
-    return per, (ranks - 1) * theta * numel[0] * sf.gather_bytes_per_element / rate
+    latency = sf.collective_latency_s if ranks > 1 else 0.0
+    moved = 2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element
+    per = [(ranks - 1) * theta * e * moved / rate + 3 * latency for e in numel]
+    first = (ranks - 1) * theta * numel[0] * sf.gather_bytes_per_element / rate + latency
+    return per, first
 
 
 def held_bytes(sf: ShardingFigures, ranks: int, theta: float) -> float:
@@ -384,7 +381,7 @@ def test_shard_bounds_of_a_plan_tile_every_unit() -> None:
     for numel in (profile.sharding.block_numel, profile.sharding.embed_numel):
         bounds = shard_bounds(numel, fractions)
         assert bounds[0][0] == 0 and bounds[-1][1] == numel
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
     assert plan_from_dict(plan.to_dict()).devices == plan.devices
 
 
