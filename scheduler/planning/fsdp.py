@@ -23,8 +23,8 @@ Zhao et al., 2023, with uneven shards as in Cephalo, ICS'25):
 - Collectives run over the slowest link of the group and are priced as rings
   whose every step moves the largest shard: ``(N − 1) · θ · elements · bytes / bandwidth``
   with ``θ = max_i f_i``, plus a latency per collective (``collective_latency_s``:
-  about 1 ms on gloo, tens of µs on NCCL). That is exactly gloo's padded collective (padding counted)
-  and the largest shard bounds an uneven NCCL one the same way, so uneven shards
+  about 1 ms on gloo, tens of µs on NCCL). That is exactly gloo's padded collective
+  (padding counted) and the largest shard bounds an uneven NCCL one the same way, so uneven shards
   cost communication and the planner only makes them as uneven as memory needs.
   On gloo (``padded_collectives``) the gathered buffers hold ``N · θ`` × elements.
 - Overlap rule: a unit's collectives (``2 gathers + 1 reduce-scatter``) overlap the
@@ -46,16 +46,25 @@ The search (:func:`solve_group`), for a shard vector ``f`` and each ``k``: minim
 ``Σ m_i ≥ ⌈B/k⌉`` and memory, by bisection on the bottleneck with a feasibility
 check (each ``Φ_i`` is convex, increasing, piecewise linear: the maximum of eight
 affine pieces, one per subset of units that are compute-bound, so its inverse is
-closed-form). That is exact for ``max_i Φ_i``, and ``τ − gather ≥ max_i Φ_i``, with
-equality when one device is the slowest in every unit (devices of one type; any
-cluster whose pieces keep the same proportions). ``k`` is enumerated over the values
-that change ``⌈B/k⌉`` until a lower bound exceeds the best. Shard vectors come from a
-small family: proportional to free memory (shards follow memory), the most even
-that fits (water-filling, least communication), their blend, and the most even
-that fits beside the micro-batches found; each is solved exactly and the fastest
-kept. Checked against exhaustive search over ``k``, micro-batches, recomputation
-modes and the least-communication shards on small clusters
-(tests/scheduler/test_fsdp_plan.py).
+closed-form; the argument that the bisection's end point is the optimum is
+:func:`scheduler.planning.dp._optimal`'s). How good that is for the step:
+
+- ``τ − gather = Σ_u n_u max(C_u, comm_u) ≥ max_i Φ_i``, with equality when one device
+  is the slowest in every unit (one type of device; any devices whose pieces keep
+  the same proportions), so there the micro-batches are optimal;
+- always ``n_u · max(c_i(u), comm_u) ≤ Φ_i`` for every unit, hence
+  ``Σ_u n_u max(C_u, comm_u) ≤ 3 · max_i Φ_i``: the stated bound is 3× (three unit
+  kinds); a local search (:func:`_polish`, groups of up to eight device classes) then
+  moves samples between classes while the step shortens. Measured against exhaustive
+  search with embedding and head up to 8× off the blocks' proportion: within 10 %.
+
+``k`` is tried over the values that change ``⌈B/k⌉`` (four from the least that fits,
+then doubling) until a lower bound exceeds the best. Shard vectors come from a small
+family: proportional to free memory (shards follow memory), the most even that fits
+(water-filling, least communication), their blend, and the most even that fits beside
+the micro-batches found; each is solved and the fastest kept. On small clusters
+(tests/scheduler/test_fsdp_plan.py) this equals exhaustive search over ``k``,
+micro-batches, recomputation modes and the least-communicating shards.
 """
 
 from __future__ import annotations
@@ -89,6 +98,9 @@ CONSECUTIVE_K = 4
 MAX_K_TRIED = 10
 """... then doubling, up to this many in all, until a lower bound exceeds the best."""
 BISECTION_STEPS = 100
+POLISH_CLASSES = 8
+"""Groups with at most this many device classes get the local search of :func:`_polish`."""
+POLISH_ROUNDS = 8
 
 
 def sharding_of_profile(profile: Profile) -> ShardingFigures:
@@ -382,6 +394,55 @@ def _split(cl: Classes, pieces: Pieces, mem: FloatArray, per_micro: int) -> Floa
     return caps
 
 
+def _polish(
+    cl: Classes,
+    pieces: Pieces,
+    mem: FloatArray,
+    micro: FloatArray,
+    comm: Collectives,
+    *,
+    units: FloatArray,
+    k: int,
+    per_micro: int,
+) -> FloatArray:
+    """Moves of one sample per member from one class to another while the step shortens.
+
+    The bisection minimises the slowest device over all units; the step takes the
+    slowest per unit, which another device may set when pieces differ in proportion
+    (module docstring). Small groups of classes only: a pass is quadratic in them."""
+    num = len(micro)
+    if num < 2 or num > POLISH_CLASSES:
+        return micro
+    counts = cl.counts.astype(np.float64)
+    top = mem.max(axis=0)
+
+    def cost(m: FloatArray) -> float:
+        return _evaluate(cl, m, _best_modes(pieces, mem, m), comm, units, k)[0]
+
+    best = cost(micro)
+    for _ in range(POLISH_ROUNDS):
+        improved = False
+        for c in range(num):
+            if micro[c] <= 0:
+                continue
+            for d in range(num):
+                if d == c:
+                    continue
+                trial = micro.copy()
+                trial[c] -= 1
+                short = per_micro - float(trial @ counts)
+                if short > 0:
+                    trial[d] += math.ceil(short / counts[d])
+                if trial[d] > top[d]:
+                    continue
+                step = cost(trial)
+                if step < best * (1 - 1e-12):
+                    micro, best, improved = trial, step, True
+        if not improved:
+            break
+    return micro
+
+
 def solve_group(
     cl: Classes,
     shards: FloatArray,
@@ -421,6 +482,7 @@ def solve_group(
             break
         micro = _split(cl, pieces, mem, per_micro)
         if micro is not None and float(micro @ cl.counts) >= per_micro:
+            micro = _polish(cl, pieces, mem, micro, comm, units=counts, k=k, per_micro=per_micro)
             modes = _best_modes(pieces, mem, micro)
             step, compute = _evaluate(cl, micro, modes, comm, counts, k)
             if best is None or step < best.step_s:

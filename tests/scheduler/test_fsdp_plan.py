@@ -237,11 +237,11 @@ def test_plan_equals_brute_force_on_small_clusters() -> None:
 def test_plan_is_near_brute_force_when_pieces_differ_in_shape() -> None:
     """Embedding and head up to 8x apart in speed relative to the blocks: the search's
     bottleneck (the slowest device over all pieces) is then a bound, not the optimum;
-    the module docstring states the bound (3x) and this check the measured gap."""
+    the module docstring states the bound (3x) and the measured gap (10 %), checked here."""
     rng = random.Random(5)
     results = [r for _ in range(12) if (r := planned_and_best(rng, same_shape=False))]
     assert len(results) >= 8
-    assert max(planned / best for planned, best in results) <= 1.12
+    assert max(planned / best for planned, best in results) <= 1.10
 
 
 # --- what a plan must hold --------------------------------------------------------------
