@@ -12,7 +12,6 @@ with llama-13b; ``hetsched plan`` itself is run on each. Run on purpose:
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ import pytest
 from api.cli import main
 from scheduler.cost.profile import Profile, analytic_profile
 from scheduler.errors import PlanError
-from scheduler.hardware.catalogue import known_types
-from scheduler.hardware.cluster import load_cluster, parse_cluster
+from scheduler.hardware.cluster import load_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
+from tests.benchmarks.test_plan_speed import mixed_profile
 from tests.support import REPO
 
 SIZES = [512, 4_096]
@@ -35,22 +34,11 @@ BEFORE = ("dp", "pp", "hybrid")
 GLOBAL_BATCH = 64
 
 
-def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
-    rng = random.Random(seed)
-    types = known_types()
-    nodes = [
-        {"name": f"node-{i}", "devices": [{"type": rng.choice(types)} for _ in range(8)]}
-        for i in range(num_devices // 8)
-    ]
-    cluster = parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
-    return analytic_profile(cluster, get_preset("llama-7b"))
-
-
 @pytest.mark.benchmark
 def test_fsdp_planning_speed() -> None:
     rows = []
     for size in SIZES:
-        profile = mixed_profile(size)
+        profile = mixed_profile(size, model="llama-7b")
         best_cpu = best_wall = float("inf")
         for _ in range(RUNS):
             cpu, wall = time.process_time(), time.perf_counter()

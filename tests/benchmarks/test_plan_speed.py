@@ -30,8 +30,8 @@ SAMPLES_PER_DEVICE = 8
 RUNS = 5
 
 
-def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
-    """``num_devices`` random catalogue GPUs, eight to a node."""
+def mixed_profile(num_devices: int, seed: int = 0, model: str = "gpt2-small") -> Profile:
+    """``num_devices`` random catalogue GPUs, eight to a node, training ``model``."""
     rng = random.Random(seed)
     types = known_types()
     nodes = [
@@ -39,7 +39,7 @@ def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
         for i in range(num_devices // 8)
     ]
     cluster = parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
-    return analytic_profile(cluster, get_preset("gpt2-small"))
+    return analytic_profile(cluster, get_preset(model))
 
 
 def best_times_s(profile: Profile, global_batch: int) -> tuple[float, float]:
