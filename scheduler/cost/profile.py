@@ -66,7 +66,7 @@ class Profile:
     """``analytic`` (catalogue) or ``measured`` (profiler)."""
     sharding: ShardingFigures | None = None
     """The model's flat-buffer sizes for fully-sharded plans; derived from the preset
-    when a document lacks them and its model is known."""
+    when a document lacks them and its model is known (with gloo's collectives)."""
 
     def device(self, device_id: str) -> DeviceProfile:
         for d in self.devices:
@@ -242,7 +242,9 @@ def profile_from_dict(data: Any) -> Profile:
     source = data.get("source", "measured")
     sharding = _sharding(data.get("sharding"))
     if sharding is None and preset is not None:
-        sharding = sharding_of(preset)
+        # a document without them: the preset's sizes, collectives priced as gloo's
+        # (padded, 1 ms each), the cautious side for a profile that does not say
+        sharding = sharding_of(preset, padded_collectives=True)
     return Profile(
         model=model,
         devices=tuple(devices),
