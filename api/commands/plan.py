@@ -193,7 +193,7 @@ def _rate(samples_per_s: float) -> str:
 
 
 def _summary(plan: Plan) -> list[str]:
-    comm = "unhidden gathers" if plan.strategy == "fsdp" else "all-reduce"
+    comm = "unhidden collectives" if plan.strategy == "fsdp" else "all-reduce"
     out = [
         f"Predicted step {_seconds(plan.predicted_step_s)} (compute {_seconds(plan.compute_s)}"
         f" + {comm} {_seconds(plan.comm_s)}): {_rate(plan.predicted_samples_per_s)} samples/s"

@@ -898,7 +898,7 @@ def _to_plan(
         f"{sol.accum_steps} micro-batch(es) per step, "
         f"shards {shards[0]:.3g} to {shards[-1]:.3g} of every unit, "
         f"collectives {sol.comm.comm_s[1] * 1e3:.3g} ms per block per micro-batch"
-        + (f", {best.sync_s * 1e3:.3g} ms cross-group all-reduce per step" if hsdp else ""),
+        + (f", {best.sync_s:.3g} s cross-group all-reduce per step" if hsdp else ""),
     ]
     others = [c for c in candidates if c is not best]
     if others:
