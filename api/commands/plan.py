@@ -140,11 +140,15 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
     """The human-readable plan: devices, exclusions, then the comparison."""
     has_layers = any(d.layers is not None for d in plan.devices)
     recomputes = any(d.recompute != "none" for d in plan.devices)
+    sharded = any(d.shard is not None for d in plan.devices)
+    groups = sharded and any(d.shard_group is not None for d in plan.devices)
     headers = ["DEVICE", "TYPE", "SAMPLES", "MICRO", "ACCUM", "BUSY", "MEMORY (USE/CAPACITY)"]
     if has_layers:
         headers[2:2] = ["PIPE", "STAGE", "LAYERS"]
     if recomputes:
         headers.insert(headers.index("BUSY"), "RECOMPUTE")
+    if sharded:
+        headers[headers.index("BUSY") : headers.index("BUSY")] = ["GROUP"] * groups + ["SHARD"]
     headers.append("SHARE OF BATCH")
     rows = []
     for d in plan.devices:
@@ -161,9 +165,14 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
             row[2:2] = [pipe, stage, layers]
         if recomputes:
             row.append(d.recompute)
+        if sharded:
+            group = [] if not groups else ["" if d.shard_group is None else str(d.shard_group)]
+            row += [*group, "" if d.shard is None else f"{d.shard:.1%}"]
         row += [_seconds(d.busy_s), memory, f"{_bar(share)} {share:5.1%}"]
         rows.append(row)
-    right = {i for i, h in enumerate(headers) if h in {"SAMPLES", "MICRO", "ACCUM", "BUSY"}}
+    right = {
+        i for i, h in enumerate(headers) if h in {"SAMPLES", "MICRO", "ACCUM", "BUSY", "SHARD"}
+    }
     lines = [
         f"{plan.strategy} plan for {profile.model}: global batch {plan.global_batch} on "
         f"{len(profile.devices)} devices ({source})",
@@ -179,10 +188,16 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
     return "\n".join(lines)
 
 
+def _rate(samples_per_s: float) -> str:
+    """One decimal, or three significant digits below 10 (a 7B model runs under one a second)."""
+    return f"{samples_per_s:,.1f}" if samples_per_s >= 10 else f"{samples_per_s:.3g}"
+
+
 def _summary(plan: Plan) -> list[str]:
+    comm = "unhidden collectives" if plan.strategy == "fsdp" else "all-reduce"
     out = [
         f"Predicted step {_seconds(plan.predicted_step_s)} (compute {_seconds(plan.compute_s)}"
-        f" + all-reduce {_seconds(plan.comm_s)}): {plan.predicted_samples_per_s:,.1f} samples/s"
+        f" + {comm} {_seconds(plan.comm_s)}): {_rate(plan.predicted_samples_per_s)} samples/s"
     ]
     others = {k: b for k, b in plan.baselines.items() if k != plan.strategy}
     if not others:
@@ -196,6 +211,6 @@ def _summary(plan: Plan) -> list[str]:
             verdict = f"{speedup:.2f}x {'faster' if speedup > 1 else 'slower'}"
         out.append(
             f"  vs {name.ljust(width)}  {_seconds(base.predicted_step_s):>9}  "
-            f"{base.predicted_samples_per_s:>12,.1f} samples/s  {plan.strategy}: {verdict}"
+            f"{_rate(base.predicted_samples_per_s):>12} samples/s  {plan.strategy}: {verdict}"
         )
     return out

@@ -291,3 +291,121 @@ def with_derived_recompute(device: DeviceProfile, model: ModelPreset) -> DeviceP
         selective=fill(device, "selective", device.selective),
         full=fill(device, "full", device.full),
     )
+
+
+GLOO_COLLECTIVE_LATENCY_S = 1e-3
+"""One gloo collective on loopback with Python around it: 0.3–2 ms (as a pipeline message,
+:data:`scheduler.planning.stages.P2P_LATENCY_S`)."""
+NCCL_COLLECTIVE_LATENCY_S = 5e-5
+"""One small NCCL all-gather or reduce-scatter inside a node: tens of µs (nccl-tests)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardingFigures:
+    """What fully-sharded plans (``fsdp``) need about the model, the same on every device
+    (profile JSON: ``sharding``).
+
+    The runtime keeps one flat parameter buffer per *unit*: the embedding, each
+    transformer block, and the final norm with the head, in that order. Each rank
+    owns a slice of every unit's buffer and of its gradient and AdamW moments
+    (:func:`scheduler.planning.plan.shard_bounds`); anything outside the buffers
+    (``unsharded_bytes``: rotary tables and other buffers) every rank holds whole.
+    Bytes per element are settings rather than constants so that another precision
+    (bf16 gathers, fp32 master state) changes the figures, not the formulas.
+    """
+
+    num_blocks: int
+    block_numel: int
+    """Elements of one block's flat parameter buffer."""
+    embed_numel: int
+    head_numel: int
+    """The final norm and, when untied, the output projection."""
+    tied_head: bool = False
+    """The head reuses the token embedding (GPT): the embedding's token table is
+    gathered again for the head, so it counts in the head's gathers too."""
+    tied_numel: int = 0
+    """Elements of the tied token table (counted in ``embed_numel``)."""
+    unsharded_bytes: int = 0
+    """Held whole by every rank: buffers that are not parameters."""
+    state_bytes_per_element: int = 16
+    """Owned state per element: fp32 parameter, fp32 gradient, both AdamW moments."""
+    gather_bytes_per_element: int = 4
+    """Bytes an all-gather moves, and the gathered copy holds, per element (fp32)."""
+    grad_bytes_per_element: int = 4
+    """Bytes a reduce-scatter moves per element (fp32 gradients)."""
+    padded_collectives: bool = False
+    """Unequal all-gathers and reduce-scatters are padded to the largest shard (gloo):
+    gathered buffers then hold ``ranks × largest shard`` elements."""
+    collective_latency_s: float = GLOO_COLLECTIVE_LATENCY_S
+    """Cost of one collective besides its bytes (three per unit and micro-batch)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_numel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sharding.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("embed_numel", "head_numel", "tied_numel", "unsharded_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sharding.{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("state_bytes_per_element", "gather_bytes_per_element"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sharding.{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.collective_latency_s < 1:
+            raise ValueError(
+                f"sharding.collective_latency_s: must be in [0, 1), got {self.collective_latency_s}"
+            )
+        if self.grad_bytes_per_element < 1:
+            raise ValueError(
+                f"sharding.grad_bytes_per_element: must be >= 1, got {self.grad_bytes_per_element}"
+            )
+
+    @property
+    def numel(self) -> int:
+        """Elements of every flat buffer together: what the group shards."""
+        return self.embed_numel + self.num_blocks * self.block_numel + self.head_numel
+
+    @property
+    def shardable_state_bytes(self) -> int:
+        """Model states the group divides among its ranks."""
+        return self.state_bytes_per_element * self.numel
+
+    @property
+    def gathered_head_numel(self) -> int:
+        """Elements the head's all-gathers move (its own and, tied, the token table)."""
+        return self.head_numel + (self.tied_numel if self.tied_head else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.num_blocks,
+            "block_numel": self.block_numel,
+            "embed_numel": self.embed_numel,
+            "head_numel": self.head_numel,
+            "tied_head": self.tied_head,
+            "tied_numel": self.tied_numel,
+            "unsharded_bytes": self.unsharded_bytes,
+            "state_bytes_per_element": self.state_bytes_per_element,
+            "gather_bytes_per_element": self.gather_bytes_per_element,
+            "grad_bytes_per_element": self.grad_bytes_per_element,
+            "padded_collectives": self.padded_collectives,
+            "collective_latency_s": self.collective_latency_s,
+        }
+
+
+def sharding_of(model: ModelPreset, *, padded_collectives: bool = False) -> ShardingFigures:
+    """The sharding figures of ``model`` from its shape (fp32 states and collectives);
+    ``padded_collectives``: gloo (the CPU simulation), else NCCL's latency."""
+    tied = model.family == "gpt"
+    # llama's rotary cosines and sines, (max_seq_len, head_dim) each, fp32
+    rotary = 0 if tied else 2 * model.max_seq_len * model.head_dim * 4
+    return ShardingFigures(
+        num_blocks=model.num_layers,
+        block_numel=model.block_params,
+        embed_numel=model.embed_params,
+        head_numel=model.head_params,
+        tied_head=tied,
+        tied_numel=model.vocab_size * model.d_model if tied else 0,
+        unsharded_bytes=rotary,
+        padded_collectives=padded_collectives,
+        collective_latency_s=GLOO_COLLECTIVE_LATENCY_S
+        if padded_collectives
+        else NCCL_COLLECTIVE_LATENCY_S,
+    )

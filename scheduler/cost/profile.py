@@ -19,6 +19,8 @@ from scheduler.cost.costs import (
     LayerProfile,
     Option,
     RecomputeCost,
+    ShardingFigures,
+    sharding_of,
     with_derived_recompute,
 )
 from scheduler.cost.roofline import PieceTime, Rates, block_time, embed_time, head_time
@@ -37,6 +39,7 @@ __all__ = [
     "Option",
     "Profile",
     "RecomputeCost",
+    "ShardingFigures",
     "analytic_layers",
     "analytic_profile",
     "load_profile",
@@ -61,6 +64,9 @@ class Profile:
     """Bytes all-reduced per data-parallel step."""
     source: str = "analytic"
     """``analytic`` (catalogue) or ``measured`` (profiler)."""
+    sharding: ShardingFigures | None = None
+    """The model's flat-buffer sizes for fully-sharded plans; derived from the preset
+    when a document lacks them and its model is known (with gloo's collectives)."""
 
     def device(self, device_id: str) -> DeviceProfile:
         for d in self.devices:
@@ -92,6 +98,7 @@ class Profile:
             "devices": [d.to_dict() for d in self.devices],
             "links": self.links.to_dict(),
             "gradient_bytes": self.gradient_bytes,
+            **({"sharding": self.sharding.to_dict()} if self.sharding is not None else {}),
         }
 
 
@@ -233,12 +240,18 @@ def profile_from_dict(data: Any) -> Profile:
         else 0
     )
     source = data.get("source", "measured")
+    sharding = _sharding(data.get("sharding"))
+    if sharding is None and preset is not None:
+        # a document without them: the preset's sizes, collectives priced as gloo's
+        # (padded, 1 ms each), the cautious side for a profile that does not say
+        sharding = sharding_of(preset, padded_collectives=True)
     return Profile(
         model=model,
         devices=tuple(devices),
         links=links,
         gradient_bytes=gradient_bytes,
         source=str(source),
+        sharding=sharding,
     )
 
 
@@ -262,6 +275,50 @@ def _with_derived_recompute_all(
             layers = replace(layers, block=done.layers.block)
         out.append(replace(d, layers=layers, selective=done.selective, full=done.full))
     return out
+
+
+_SHARDING_INTS = (
+    "num_blocks",
+    "block_numel",
+    "embed_numel",
+    "head_numel",
+    "tied_numel",
+    "unsharded_bytes",
+    "state_bytes_per_element",
+    "gather_bytes_per_element",
+    "grad_bytes_per_element",
+)
+
+
+def _sharding(raw: Any) -> ShardingFigures | None:
+    """The optional ``sharding`` object (:class:`ShardingFigures`); every error names its field."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProfileError("profile: sharding must be an object")
+    known = {*_SHARDING_INTS, "tied_head", "padded_collectives", "collective_latency_s"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ProfileError(f"profile: sharding.{unknown[0]} is not a known field")
+    ints = {k: int(_num("sharding", raw, k, integer=True)) for k in _SHARDING_INTS if k in raw}
+    flags: dict[str, bool] = {}
+    for key in ("tied_head", "padded_collectives"):
+        if key in raw:
+            if not isinstance(raw[key], bool):
+                raise ProfileError(f"profile: sharding.{key} must be true or false")
+            flags[key] = raw[key]
+    latency = (
+        {"collective_latency_s": float(_num("sharding", raw, "collective_latency_s"))}
+        if "collective_latency_s" in raw
+        else {}
+    )
+    for key in ("num_blocks", "block_numel", "embed_numel", "head_numel"):
+        if key not in ints:
+            raise ProfileError(f"profile: sharding.{key} is missing")
+    try:
+        return ShardingFigures(**ints, **flags, **latency)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ProfileError(f"profile: {exc}") from exc
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -429,4 +486,6 @@ def analytic_profile(
         links=cluster.links,
         gradient_bytes=model.gradient_bytes,
         source="analytic",
+        # simulated devices run gloo, which pads unequal collectives to the largest shard
+        sharding=sharding_of(model, padded_collectives=simulated),
     )

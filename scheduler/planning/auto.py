@@ -1,15 +1,18 @@
 """``auto``: plan every strategy that fits and keep the fastest predicted.
 
 Candidates are ``dp`` (the optimal uneven data-parallel split of
-:mod:`scheduler.planning.dp`), ``pp`` (:mod:`scheduler.planning.pipeline`) and ``hybrid``
+:mod:`scheduler.planning.dp`), ``fsdp`` (sharded states, :mod:`scheduler.planning.fsdp`),
+``pp`` (:mod:`scheduler.planning.pipeline`) and ``hybrid``
 (:mod:`scheduler.planning.hybrid`); ``even`` and ``proportional`` are what DDP-style
 trainers would do and are reported as baselines, never chosen. A strategy
 that cannot plan (nothing fits, no per-layer figures) is listed with its
 reason. A more elaborate strategy must be predicted at least
-:data:`PREFERENCE_MARGIN` faster than a simpler one to win (order: dp, pp,
+:data:`PREFERENCE_MARGIN` faster than a simpler one to win (order: dp, fsdp, pp,
 hybrid): predictions carry errors of a few percent, and a simpler runtime
-communicates less. The returned plan carries the winner's concrete strategy
-(what the runtime runs) and notes saying what was considered and why it won.
+communicates less (``fsdp`` runs the data-parallel program with a gather and a
+reduce-scatter per block; pipelines add stages and a schedule). The returned
+plan carries the winner's concrete strategy (what the runtime runs) and notes
+saying what was considered and why it won.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import replace
 from scheduler.cost.profile import Profile
 from scheduler.errors import PlanError
 from scheduler.planning.dp import baseline_of, plan_dp
+from scheduler.planning.fsdp import plan_fsdp
 from scheduler.planning.hybrid import plan_hybrid
 from scheduler.planning.pipeline import plan_pp
 from scheduler.planning.plan import Baseline, Plan
@@ -31,7 +35,7 @@ Planner = Callable[[Profile, int], Plan]
 
 
 def _candidates() -> list[tuple[str, Planner]]:
-    return [("dp", plan_dp), ("pp", plan_pp), ("hybrid", plan_hybrid)]
+    return [("dp", plan_dp), ("fsdp", plan_fsdp), ("pp", plan_pp), ("hybrid", plan_hybrid)]
 
 
 def _summary(plan: Plan) -> str:
@@ -42,6 +46,12 @@ def _summary(plan: Plan) -> str:
         shape = f", {used} stages"
     elif plan.strategy == "hybrid":
         shape = f", {len(pipelines)} pipeline(s)"
+    elif plan.strategy == "fsdp":
+        groups = {d.shard_group for d in plan.devices}
+        largest = max((d.shard or 0.0) for d in plan.devices)
+        shape = f", largest shard {largest:.1%}" + (
+            f", {len(groups)} replicated groups" if len(groups) > 1 else ""
+        )
     left = f", {len(plan.excluded)} left out" if plan.excluded else ""
     noun = "device" if used == 1 else "devices"
     return (
@@ -76,6 +86,8 @@ def _why(winner: Plan, others: dict[str, Plan]) -> str:
                 f"; it uses {len(winner.active)} devices where dp uses {len(dp.active)} "
                 "(model states or activations do not fit the others under dp)"
             )
+    elif dp is None and winner.strategy == "fsdp":
+        why += "; dp cannot run: no device holds the whole model's states, fsdp shards them"
     return why
 
 
@@ -94,7 +106,7 @@ def plan_candidates(profile: Profile, global_batch: int) -> tuple[dict[str, Plan
 def choose(plans: dict[str, Plan]) -> Plan:
     """The fastest plan; a later candidate must beat earlier ones by the margin."""
     best: Plan | None = None
-    for name in ("dp", "pp", "hybrid"):
+    for name in ("dp", "fsdp", "pp", "hybrid"):
         plan = plans.get(name)
         if plan is None:
             continue

@@ -3,9 +3,10 @@
 The planners live in their own modules and import nothing from here:
 data parallelism (``dp``, ``even``, ``proportional``) in :mod:`scheduler.planning.dp`,
 pipelines in :mod:`scheduler.planning.pipeline` (``pp``) and :mod:`scheduler.planning.hybrid`
-(``hybrid``), and the choice among them in :mod:`scheduler.planning.auto` (``auto``).
+(``hybrid``), sharded states in :mod:`scheduler.planning.fsdp` (``fsdp``), and the choice
+among them in :mod:`scheduler.planning.auto` (``auto``).
 This module dispatches and adds the ``even`` and ``proportional`` baselines (and
-``dp`` for pipeline plans) to every plan.
+``dp`` for pipeline and sharded plans) to every plan.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from scheduler.cost.profile import Profile
 from scheduler.errors import PlanError
 from scheduler.planning.auto import plan_auto
 from scheduler.planning.dp import DP_PLANNERS, dp_baselines, plan_with_baselines
+from scheduler.planning.fsdp import plan_fsdp
 from scheduler.planning.hybrid import plan_hybrid
 from scheduler.planning.pipeline import plan_pp
 from scheduler.planning.plan import (
     DP_STRATEGIES,
     PIPELINE_STRATEGIES,
+    SHARDED_STRATEGIES,
     Baseline,
     Plan,
     check_global_batch,
@@ -29,7 +32,7 @@ from scheduler.planning.plan import (
 
 __all__ = ["STRATEGIES", "make_plan"]
 
-STRATEGIES: tuple[str, ...] = ("auto", *DP_STRATEGIES, *PIPELINE_STRATEGIES)
+STRATEGIES: tuple[str, ...] = ("auto", *DP_STRATEGIES, *PIPELINE_STRATEGIES, *SHARDED_STRATEGIES)
 """Strategies :func:`make_plan` accepts, in the order the command line and API
 offer them."""
 
@@ -37,9 +40,10 @@ OTHER_PLANNERS: dict[str, Callable[[Profile, int], Plan]] = {
     "auto": plan_auto,
     "pp": plan_pp,
     "hybrid": plan_hybrid,
+    "fsdp": plan_fsdp,
 }
-"""The planners that are not data parallel: the pipelines and ``auto``, which
-chooses among every strategy."""
+"""The planners that do not replicate the model: the pipelines, fully-sharded data
+parallelism, and ``auto``, which chooses among every strategy."""
 
 
 def make_plan(profile: Profile, global_batch: int, strategy: str = "dp") -> Plan:

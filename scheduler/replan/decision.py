@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.cost.profile import Profile
-from scheduler.planning.plan import DP_STRATEGIES, Plan
+from scheduler.planning.plan import DP_STRATEGIES, SHARDED_STRATEGIES, Plan
 from scheduler.planning.planner import make_plan
 from scheduler.replan.livecost import (
     live_profile,
@@ -134,6 +134,9 @@ def switches_in_place(old: Plan, new: Plan) -> bool:
     replicas are current. A device left with no samples stays in the group
     and all-reduces zeros (the runtime's business), so its replica stays
     current too; a device that joins needs the weights, hence a checkpoint.
+    Sharded plans (``fsdp``) never switch in place: new shards move model states
+    (and new samples change the accumulation every rank must share), so they go
+    through a checkpoint, as pipelines do.
     """
     if old.strategy not in DP_STRATEGIES or new.strategy not in DP_STRATEGIES:
         return False
@@ -155,7 +158,12 @@ def _candidates(current: Plan, live: Profile, global_batch: int, strategy: str) 
 
 def _same_split(a: Plan, b: Plan) -> bool:
     def split(p: Plan) -> set[tuple[Any, ...]]:
-        return {(d.id, d.samples, d.offset, d.micro_batch, d.layers, d.stage) for d in p.active}
+        # every device of a sharded plan counts: one with no samples still owns a shard
+        devices = p.devices if p.strategy in SHARDED_STRATEGIES else p.active
+        return {
+            (d.id, d.samples, d.offset, d.micro_batch, d.layers, d.stage, d.shard, d.shard_group)
+            for d in devices
+        }
 
     return a.strategy == b.strategy and split(a) == split(b)
 
@@ -185,8 +193,8 @@ def decide_replan(
       (:attr:`ReplanSettings.in_place_cost_s`), but the predicted step must still
       be at least :attr:`ReplanSettings.min_relative_gain` faster, so that
       estimates wobbling inside their error never churn the split;
-    - anything else (``pp``, ``hybrid``, a change of strategy, a device that was
-      not in the running group) moves model states and goes through a checkpoint:
+    - anything else (``pp``, ``hybrid``, ``fsdp``, a change of strategy, a device
+      that was not in the running group) moves model states and goes through a checkpoint:
       the gain over the remaining steps must exceed ``switch_cost_s``, the
       checkpoint plus restart seconds the driver measured or estimated;
     - a running plan that uses a device the live profile no longer has cannot go

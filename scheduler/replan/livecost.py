@@ -14,9 +14,10 @@ from scheduler.cost.costmodel import busy_s, num_micro_batches, ring_allreduce_s
 from scheduler.cost.costs import RecomputeCost
 from scheduler.cost.profile import DeviceProfile, LayerCost, LayerProfile, Profile
 from scheduler.errors import PlanError
+from scheduler.planning.fsdp import predict_fsdp_step_s
 from scheduler.planning.hybrid import sync_s
 from scheduler.planning.pipeline import stage_plans
-from scheduler.planning.plan import DevicePlan, Plan
+from scheduler.planning.plan import SHARDED_STRATEGIES, DevicePlan, Plan
 from scheduler.planning.stages import (
     Chain,
     Stage,
@@ -79,9 +80,11 @@ def live_profile(base: Profile, factors: Mapping[str, float]) -> Profile:
 
 
 def missing_devices(plan: Plan, profile: Profile) -> list[str]:
-    """Active devices of ``plan`` that ``profile`` no longer has (lost devices)."""
+    """Active devices of ``plan`` that ``profile`` no longer has (lost devices); for a
+    sharded plan every device counts, since one without samples still owns a shard."""
     known = {d.id for d in profile.devices}
-    return [d.id for d in plan.active if d.id not in known]
+    devices = plan.devices if plan.strategy in SHARDED_STRATEGIES else plan.active
+    return [d.id for d in devices if d.id not in known]
 
 
 def _by_id(plan: Plan, profile: Profile) -> dict[str, DeviceProfile]:
@@ -183,6 +186,8 @@ def predict_step_s(plan: Plan, profile: Profile) -> float:
     by_id = _by_id(plan, profile)
     if not plan.active:
         return 0.0
+    if plan.strategy in SHARDED_STRATEGIES:  # per-unit collectives: scheduler.planning.fsdp
+        return predict_fsdp_step_s(plan, profile)
     if plan.active[0].layers is None:
         busy = predicted_busy_s(plan, profile)
         devices = [by_id[d.id] for d in plan.active]

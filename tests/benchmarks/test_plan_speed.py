@@ -44,9 +44,9 @@ def mixed_cluster(num_devices: int, seed: int = 0) -> Cluster:
     return parse_cluster({"name": f"mix-{num_devices}", "nodes": nodes})
 
 
-def mixed_profile(num_devices: int, seed: int = 0) -> Profile:
-    """Analytic GPT-2 small profiles of :func:`mixed_cluster`."""
-    return analytic_profile(mixed_cluster(num_devices, seed), get_preset("gpt2-small"))
+def mixed_profile(num_devices: int, seed: int = 0, model: str = "gpt2-small") -> Profile:
+    """Analytic profiles of :func:`mixed_cluster` training ``model``."""
+    return analytic_profile(mixed_cluster(num_devices, seed), get_preset(model))
 
 
 def best_times_s(profile: Profile, global_batch: int) -> tuple[float, float]:

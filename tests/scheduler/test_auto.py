@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.cost.profile import analytic_profile
@@ -23,7 +25,7 @@ def test_auto_picks_the_fastest(model: str):
     profile = analytic_profile(parse_cluster(MIXED), get_preset(model))
     plan = make_plan(profile, 64, "auto")
     candidates = {}
-    for name in ("dp", "pp", "hybrid"):
+    for name in ("dp", "fsdp", "pp", "hybrid"):
         try:
             candidates[name] = make_plan(profile, 64, name).predicted_step_s
         except PlanError:
@@ -38,12 +40,17 @@ def test_auto_picks_the_fastest(model: str):
     assert plan.notes[1].startswith(f"{plan.strategy} wins")
 
 
-def test_auto_chooses_a_pipeline_when_the_model_does_not_fit_small_devices():
+@pytest.mark.parametrize("sharding", [True, False])
+def test_auto_splits_the_model_when_it_does_not_fit_small_devices(sharding: bool):
+    """gpt2-xl fits only the A100s whole: auto shards it (fsdp) or, with no sharding
+    figures in the profile, pipelines it, and uses all six devices either way."""
     profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"), efficiency=0.5)
     # One share of peak for every device: a planner property, not one of the speed
     # model's (whose sustained rates make these T4s and L4s barely worth a stage).
+    if not sharding:
+        profile = replace(profile, sharding=None)
     plan = make_plan(profile, 64, "auto")
-    assert plan.strategy in ("pp", "hybrid")
+    assert plan.strategy in (("fsdp",) if sharding else ("pp", "hybrid"))
     assert len(plan.active) == 6
     assert "dp uses 2" in plan.notes[1]
 
@@ -51,7 +58,7 @@ def test_auto_chooses_a_pipeline_when_the_model_does_not_fit_small_devices():
 def test_auto_reports_every_infeasible_strategy():
     a100s = {"name": "a100s", "nodes": MIXED["nodes"][:1]}
     profile = analytic_profile(parse_cluster(a100s), get_preset("llama-13b"))
-    with pytest.raises(PlanError, match="dp: .*pp: .*hybrid: "):
+    with pytest.raises(PlanError, match="dp: .*fsdp: .*pp: .*hybrid: "):
         make_plan(profile, 8, "auto")
 
 
