@@ -96,11 +96,19 @@ def plan_of(strategy: str, devices: Sequence[DevicePlan]) -> Plan:
     )
 
 
-def manual_plan(split: Sequence[tuple[str, int, int]], *, strategy: str = "dp") -> Plan:
+def manual_plan(
+    split: Sequence[tuple[str, int, int] | tuple[str, int, int, float]],
+    *,
+    strategy: str = "dp",
+    shard_groups: Sequence[int] | None = None,
+) -> Plan:
     """A data-parallel plan from ``(device id, samples, micro_batch)`` triples, in batch
-    order; each device runs as many micro-batches of at most ``micro_batch`` as it needs."""
+    order; each device runs as many micro-batches of at most ``micro_batch`` as it needs.
+
+    A fourth element is the device's ``shard`` (fully sharded plans: ``strategy="fsdp"``),
+    and ``shard_groups`` gives each device its sharding group (HSDP)."""
     devices, offset = [], 0
-    for device_id, samples, micro_batch in split:
+    for i, (device_id, samples, micro_batch, *shard) in enumerate(split):
         devices.append(
             DevicePlan(
                 id=device_id,
@@ -110,6 +118,8 @@ def manual_plan(split: Sequence[tuple[str, int, int]], *, strategy: str = "dp") 
                 busy_s=0.0,
                 peak_bytes=0,
                 offset=offset,
+                shard=shard[0] if shard else None,
+                shard_group=shard_groups[i] if shard_groups is not None else None,
             )
         )
         offset += samples

@@ -224,14 +224,14 @@ def read_tensors(
     return out
 
 
-def load_part(
-    uri: str, manifest: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """Load what this rank holds (any slice of the model) from a checkpoint of any plan."""
-    params = dict(model.named_parameters(remove_duplicate=True))
-    names = {local: global_name(local) for local in params}
-    keys = [f"model/{n}" for n in names.values()]
-    moments = [f"optim/{m}/{n}" for n in names.values() for m in ("exp_avg", "exp_avg_sq")]
+def read_states(
+    uri: str, manifest: dict[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """By whole-model name: the parameter (``"model"``) and, where the checkpoint has
+    them, AdamW's ``"exp_avg"`` and ``"exp_avg_sq"``; every name of ``shapes`` must be
+    there with that shape."""
+    keys = [f"model/{n}" for n in shapes]
+    moments = [f"optim/{m}/{n}" for n in shapes for m in ("exp_avg", "exp_avg_sq")]
     tensors = read_tensors(uri, manifest, [*keys, *moments])
     missing = [k for k in keys if k not in tensors]
     if missing:
@@ -239,20 +239,35 @@ def load_part(
             f"checkpoint: {uri} lacks {len(missing)} parameter(s) this model holds, "
             f"e.g. {missing[0].removeprefix('model/')} (another model?)"
         )
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, shape in shapes.items():
+        source = tensors[f"model/{name}"]
+        if tuple(source.shape) != tuple(shape):
+            raise WorkerError(
+                f"checkpoint: {name} has shape {tuple(source.shape)}, the model {tuple(shape)}"
+            )
+        out[name] = {"model": source}
+        for moment in ("exp_avg", "exp_avg_sq"):
+            if f"optim/{moment}/{name}" in tensors:
+                out[name][moment] = tensors[f"optim/{moment}/{name}"]
+    return out
+
+
+def load_part(
+    uri: str, manifest: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Load what this rank holds (any slice of the model) from a checkpoint of any plan."""
+    params = dict(model.named_parameters(remove_duplicate=True))
+    names = {local: global_name(local) for local in params}
+    states = read_states(uri, manifest, {names[k]: tuple(p.shape) for k, p in params.items()})
     steps = int(manifest.get("optimizer_steps", 0))
     with torch.no_grad():
         for local, param in params.items():
-            name = names[local]
-            source = tensors[f"model/{name}"]
-            if source.shape != param.shape:
-                raise WorkerError(
-                    f"checkpoint: {name} has shape {tuple(source.shape)}, "
-                    f"the model {tuple(param.shape)}"
-                )
-            param.copy_(source.to(param.dtype))
-            if f"optim/exp_avg/{name}" in tensors and steps > 0:
+            state = states[names[local]]
+            param.copy_(state["model"].to(param.dtype))
+            if "exp_avg" in state and steps > 0:
                 optimizer.state[param] = {
                     "step": torch.tensor(float(steps)),
-                    "exp_avg": tensors[f"optim/exp_avg/{name}"].to(param),
-                    "exp_avg_sq": tensors[f"optim/exp_avg_sq/{name}"].to(param),
+                    "exp_avg": state["exp_avg"].to(param),
+                    "exp_avg_sq": state["exp_avg_sq"].to(param),
                 }

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from scheduler.hardware.cluster import Cluster
 from tests.benchmarks.simrun import CLUSTER
 from workers.session import WorkerPool, start_local_ray
+
+
+@contextmanager
+def paced_local_ray(cluster: Cluster, margin: str) -> Iterator[None]:
+    """A local Ray for ``cluster`` (2 CPUs) with the pacing margin raised to ``margin``
+    (``HETSCHED_PACING_MARGIN``), so four simulated devices finish their real compute
+    inside their paced time on a shared machine; both undone afterwards."""
+    import ray
+
+    previous = os.environ.get("HETSCHED_PACING_MARGIN")
+    os.environ["HETSCHED_PACING_MARGIN"] = margin
+    start_local_ray(cluster, num_cpus=2)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if previous is None:
+            del os.environ["HETSCHED_PACING_MARGIN"]
+        else:
+            os.environ["HETSCHED_PACING_MARGIN"] = previous
 
 
 @pytest.fixture(scope="module")

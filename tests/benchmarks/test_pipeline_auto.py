@@ -17,19 +17,18 @@ four actors on two otherwise idle cores) contention leaks into the timings.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
+from tests.benchmarks.conftest import paced_local_ray
 
 TINY = get_preset("gpt-tiny")
 GLOBAL_BATCH = 32
@@ -51,17 +50,8 @@ PACING_MARGIN = "8"
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    from workers.session import start_local_ray
-
-    previous = os.environ.get("HETSCHED_PACING_MARGIN")
-    os.environ["HETSCHED_PACING_MARGIN"] = PACING_MARGIN
-    start_local_ray(CLUSTER, num_cpus=2)
-    yield
-    ray.shutdown()
-    if previous is None:
-        del os.environ["HETSCHED_PACING_MARGIN"]
-    else:
-        os.environ["HETSCHED_PACING_MARGIN"] = previous
+    with paced_local_ray(CLUSTER, PACING_MARGIN):
+        yield
 
 
 def _median_step_s(times: list[float]) -> float:

@@ -45,6 +45,44 @@ def model_state_bytes(model: nn.Module) -> int:
     return MODEL_STATE_COPIES * params
 
 
+class HeldStates(ABC):
+    """What a rank's model states take on a simulated device beside the activations.
+
+    The whole model for data parallelism and pipeline stages (:class:`WholeModel`); a
+    fully-sharded rank's owned slices plus the parameters it has gathered, which come
+    and go within a pass (:class:`workers.runtime.shards.ShardedModel`).
+    """
+
+    @abstractmethod
+    def reset_peak(self) -> None:
+        """Start a pass: the peak starts again from what is held now."""
+
+    @abstractmethod
+    def peak_bytes(self) -> int:
+        """The most held at once since :meth:`reset_peak`."""
+
+    @abstractmethod
+    def holds(self, storage: torch.UntypedStorage) -> bool:
+        """Whether a tensor autograd saves is one of these states (not an activation)."""
+
+
+class WholeModel(HeldStates):
+    """Every parameter with its gradient and AdamW's two moments, for the whole pass."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.bytes = model_state_bytes(model)
+        self.storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def reset_peak(self) -> None:
+        return None
+
+    def peak_bytes(self) -> int:
+        return self.bytes
+
+    def holds(self, storage: torch.UntypedStorage) -> bool:
+        return storage.data_ptr() in self.storages
+
+
 class TorchDevice(ABC):
     """Runs forward and backward passes; times them and accounts their memory.
 
@@ -117,17 +155,17 @@ class TorchDevice(ABC):
 
 
 class SavedBytes:
-    """Counts bytes autograd saves for backward, each storage once, parameters excluded."""
+    """Counts bytes autograd saves for backward, each storage once, model states excluded."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    def __init__(self, states: HeldStates) -> None:
+        self.states = states
         self.seen: set[int] = set()
         self.bytes = 0
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        if key not in self.skip and key not in self.seen:
+        if key not in self.seen and not self.states.holds(storage):
             self.seen.add(key)
             self.bytes += storage.nbytes()
         return tensor
@@ -146,9 +184,12 @@ class SimulatedDevice(TorchDevice):
     ``target_s(m)``, a backward two thirds, and a pass that overran its target
     (host contention, a late wake-up) is paid back by the following passes of the
     step. Memory is counted: model states (weights, gradients, AdamW's two
-    moments, all fp32) plus every tensor autograd saves for backward
-    (:class:`SavedBytes`), summed over the micro-batches in flight. A forward pass
-    over the capacity raises :class:`DeviceOutOfMemory`, as CUDA would.
+    moments, all fp32; :attr:`states` when a sharded engine sets it, else the
+    model's) plus every tensor autograd saves for backward (:class:`SavedBytes`),
+    summed over the micro-batches in flight. A pass over the capacity raises
+    :class:`DeviceOutOfMemory`, as CUDA would: a forward at its end; with sharded
+    states also a backward, whose gathered parameters come on top of the
+    activations still held at its start.
     """
 
     def __init__(self, *, device_id: str, capacity_bytes: int, pacing: Pacing) -> None:
@@ -157,6 +198,8 @@ class SimulatedDevice(TorchDevice):
         self.pacing = pacing
         self.slowdown = 1.0
         """Injected slow-down (``simulation.faults`` kind ``slow``): targets stretch by it."""
+        self.states: HeldStates | None = None
+        """A sharded engine's states; None: the model passed to :meth:`forward`, whole."""
         self.torch_device = torch.device("cpu")
         self.start_step()
 
@@ -169,14 +212,13 @@ class SimulatedDevice(TorchDevice):
 
     def forward(self, fn: Callable[[], T], *, model: nn.Module, micro_batch: int) -> tuple[T, int]:
         start = time.perf_counter()
-        counter = SavedBytes(model)
+        states = self.states or WholeModel(model)
+        states.reset_peak()
+        counter = SavedBytes(states)
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             out = fn()
-        need = model_state_bytes(model) + self._in_flight + counter.bytes
-        if need > self.capacity_bytes:
-            raise self._oom(micro_batch, need)
+        self._count(micro_batch, states.peak_bytes() + self._in_flight + counter.bytes)
         self._in_flight += counter.bytes
-        self._peak = max(self._peak, need)
         self._pace(start, FORWARD_SHARE * self._target_s(micro_batch), None)
         return out, counter.bytes
 
@@ -190,12 +232,21 @@ class SimulatedDevice(TorchDevice):
         while_paced: Callable[[], bool] | None = None,
     ) -> None:
         start = time.perf_counter()
+        if self.states is not None:
+            self.states.reset_peak()
         fn()
+        if self.states is not None:  # gathered parameters on top of the activations held
+            self._count(micro_batch, self.states.peak_bytes() + self._in_flight)
         self._in_flight -= saved_bytes
         if after is not None:
             after()
         target = (1 - FORWARD_SHARE) * self._target_s(micro_batch)
         self._pace(start, target, while_paced)
+
+    def _count(self, micro_batch: int, need_bytes: int) -> None:
+        if need_bytes > self.capacity_bytes:
+            raise self._oom(micro_batch, need_bytes)
+        self._peak = max(self._peak, need_bytes)
 
     def _target_s(self, micro_batch: int) -> float:
         return self.slowdown * self.pacing.target_s(micro_batch)

@@ -66,9 +66,10 @@ def form_group(
 def whole_model_state(
     actors: Sequence[Any], ids: Sequence[str], ranks: Sequence[RankSpec]
 ) -> dict[str, Any]:
-    """The model under whole-model names: rank 0's, or merged from pipeline 0's stages."""
-    holders = [i for i, r in enumerate(ranks) if r.stage is None or r.rank < r.stage.num_stages]
-    if ranks[0].stage is None:
+    """The model under whole-model names: rank 0's, or merged from the ranks that write a
+    checkpoint (pipeline 0's stages, the first sharding group)."""
+    holders = writer_ranks(ranks)
+    if ranks[0].stage is None and ranks[0].shard is None:
         return gather(
             [actors[0].state_dict.remote()], ids[:1], timeout_s=SETUP_TIMEOUT_S, what="state save"
         )[0]
@@ -85,11 +86,14 @@ def whole_model_state(
 
 
 def writer_ranks(ranks: Sequence[RankSpec]) -> list[int]:
-    """Ranks that write a checkpoint part: rank 0, or every stage of pipeline 0."""
+    """Ranks that write a checkpoint part: rank 0, every stage of pipeline 0, or every
+    rank of the first sharding group (a collective among them assembles the tensors)."""
     return [
         i
         for i, r in enumerate(ranks)
-        if r.rank == 0 or (r.stage is not None and r.rank < r.stage.num_stages)
+        if r.rank == 0
+        or (r.stage is not None and r.rank < r.stage.num_stages)
+        or (r.shard is not None and r.shard.group == 0)
     ]
 
 

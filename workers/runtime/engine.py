@@ -11,6 +11,7 @@ import functools
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from workers.data.dataset import TokenDataset, open_dataset
 from workers.devices.device import TorchDevice
 from workers.models.families import build_model
 from workers.models.gpt import lm_loss_sum
-from workers.records import DeviceStep, RankStep
+from workers.records import DeviceStep, OptimizerConfig, RankStep
 from workers.runtime.spec import RankSpec, RunSpec
 
 
@@ -74,6 +75,13 @@ def micro_batches(
     return out
 
 
+def adamw(params: Iterable[torch.Tensor], opt: OptimizerConfig) -> torch.optim.AdamW:
+    """The job's AdamW over ``params`` (one weight decay for every parameter)."""
+    return torch.optim.AdamW(
+        params, lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay
+    )
+
+
 class Engine(ABC):
     """One rank's model, optimizer and data for one run.
 
@@ -96,7 +104,7 @@ class Engine(ABC):
             head=role.is_last if role else True,
         )
         self.dtype = getattr(torch, run.dtype)
-        self.model.to(device=device.torch_device, dtype=self.dtype)
+        self.optimizer = self.place_states()
         set_recompute(self.model, rank.recompute)
         self.data = open_dataset(
             run.dataset, seq_len=run.preset.seq_len, vocab_size=run.preset.vocab_size
@@ -106,13 +114,11 @@ class Engine(ABC):
         self.val_data: TokenDataset | None = None
         """The held-out split, opened at the first evaluation."""
         self.step_done = -1
-        opt = run.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=(opt.beta1, opt.beta2),
-            weight_decay=opt.weight_decay,
-        )
+
+    def place_states(self) -> torch.optim.Optimizer:
+        """Move the model to the device; AdamW over the parameters this rank updates."""
+        self.model.to(device=self.device.torch_device, dtype=self.dtype)
+        return adamw(self.model.parameters(), self.run.optimizer)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's inputs and targets ``(samples, T)`` of global step ``step``."""
@@ -135,9 +141,10 @@ class Engine(ABC):
             norm = math.sqrt(self.grad_sq_norm())
             if norm > opt.grad_clip:
                 factor = opt.grad_clip / (norm + 1e-6)
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(factor)
+                for group in self.optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(factor)
         self.optimizer.step()
 
     def close(self) -> None:

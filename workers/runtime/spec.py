@@ -2,17 +2,19 @@
 
 Every strategy is described by the same two frozen records, which cross Ray as
 they are: :class:`RunSpec` and :class:`RankSpec`; :func:`make_ranks` turns any
-plan (``dp``, ``even``, ``proportional``, ``pp``, ``hybrid``) into rank specs.
+plan (``dp``, ``even``, ``proportional``, ``pp``, ``hybrid``, ``fsdp``) into rank
+specs, and :func:`engine_kind` says which engine runs a rank.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from scheduler.models.presets import ModelPreset
-from scheduler.planning.plan import DP_STRATEGIES, DevicePlan, Plan
+from scheduler.planning.plan import DP_STRATEGIES, SHARDED_STRATEGIES, DevicePlan, Plan
 from workers.devices.layer_profile import host_layers, stage_host
 from workers.devices.pacing import Pacing, PacingOf, with_recompute
 from workers.errors import WorkerError
@@ -65,6 +67,32 @@ class StageRole:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ShardRole:
+    """A fully-sharded rank's place: which sharding group it is in, its position there,
+    and every group of the run (global ranks, in rank order; each rank creates every
+    group's subgroups, in one order). Position ``j`` of every group owns the same slice
+    of each flat space (:func:`scheduler.planning.plan.shard_bounds` of
+    :attr:`fractions`), so with several groups (HSDP) the ranks at one position
+    replicate each other."""
+
+    group: int
+    index: int
+    groups: tuple[tuple[int, ...], ...]
+    fractions: tuple[float, ...]
+    """Every position's share of the flat spaces, in group order (the same in every group)."""
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The global ranks of this rank's sharding group."""
+        return self.groups[self.group]
+
+    @property
+    def replicas(self) -> tuple[tuple[int, ...], ...]:
+        """Per position, the ranks holding that slice across the groups (HSDP)."""
+        return tuple(zip(*self.groups, strict=True))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RankSpec:
     """One device's part of a run: its rank, its contiguous slice ``[offset, offset +
     samples)`` of every global batch in ``accum_steps`` micro-batches, its pacing
@@ -89,6 +117,8 @@ class RankSpec:
     recompute: str = "none"
     """Activation recomputation the plan chose for this device (``none``, ``selective``,
     ``full``: :func:`workers.runtime.engine.set_recompute`)."""
+    shard: ShardRole | None = None
+    """Fully sharded (``fsdp``): the rank's slice of the model states and its groups."""
 
 
 _SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute")
@@ -116,8 +146,24 @@ def reshare(ranks: list[RankSpec], plan: Plan) -> list[RankSpec]:
     return out
 
 
+EngineKind = Literal["dp", "pipeline", "fsdp"]
+
+
+def is_sharded(plan: Plan) -> bool:
+    return plan.strategy in SHARDED_STRATEGIES or any(d.shard is not None for d in plan.devices)
+
+
 def needs_pipeline(plan: Plan) -> bool:
+    if is_sharded(plan):
+        return False
     return plan.strategy not in DP_STRATEGIES or any(d.layers is not None for d in plan.devices)
+
+
+def engine_kind(rank: RankSpec) -> EngineKind:
+    """Which engine runs ``rank``: a pipeline stage, a shard owner, or a whole-model rank."""
+    if rank.stage is not None:
+        return "pipeline"
+    return "fsdp" if rank.shard is not None else "dp"
 
 
 def make_ranks(
@@ -126,6 +172,8 @@ def make_ranks(
     """The rank specs of ``plan``'s active devices (data-parallel or pipeline alike)."""
     if not plan.active:
         raise WorkerError("plan: no device has any samples")
+    if is_sharded(plan):
+        return _sharded_ranks(plan, preset=preset, pacing_of=pacing_of)
     roles = _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
     pieces = None
     ranks = []
@@ -176,3 +224,61 @@ def _stage_roles(plan: Plan, preset: ModelPreset) -> list[tuple[DevicePlan, Stag
         )
         roles.append((d, role))
     return roles
+
+
+def _sharded_ranks(plan: Plan, *, preset: ModelPreset, pacing_of: PacingOf) -> list[RankSpec]:
+    """Rank specs of a fully-sharded plan: every device that computes or owns states,
+    in plan order (a device may own states and compute no samples)."""
+    devices = [d for d in plan.devices if d.samples > 0 or (d.shard or 0.0) > 0]
+    roles = shard_roles(devices)
+    ranks = []
+    for rank, (d, role) in enumerate(zip(devices, roles, strict=True)):
+        capacity, pacing = pacing_of(d.id)
+        if pacing is not None:
+            pacing = with_recompute(pacing, preset, d.recompute)
+        ranks.append(
+            RankSpec(
+                device_id=d.id,
+                rank=rank,
+                world_size=len(devices),
+                capacity_bytes=capacity,
+                pacing=pacing,
+                shard=role,
+                **_share(d),
+            )
+        )
+    return ranks
+
+
+def shard_roles(devices: list[DevicePlan]) -> list[ShardRole]:
+    """Each device's :class:`ShardRole`, ranks numbered in ``devices``' order.
+
+    Devices with the same ``shard_group`` form one sharding group (None: all one
+    group); every group must hold the same fractions in the same order, whose sum is 1.
+    """
+    for d in devices:
+        if d.shard is None:
+            raise WorkerError(f"plan: device {d.id}: an fsdp plan gives every device a shard")
+    keys = list(dict.fromkeys(d.shard_group for d in devices))
+    groups = tuple(tuple(r for r, d in enumerate(devices) if d.shard_group == key) for key in keys)
+    fractions = tuple(float(devices[r].shard or 0.0) for r in groups[0])
+    if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+        raise WorkerError(
+            f"plan: the shards of group {keys[0]} sum to {sum(fractions):.6f}; they must sum to 1"
+        )
+    for key, members in zip(keys, groups, strict=True):
+        mine = tuple(float(devices[r].shard or 0.0) for r in members)
+        if len(mine) != len(fractions) or not all(
+            math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+            for a, b in zip(mine, fractions, strict=True)
+        ):
+            raise WorkerError(
+                f"plan: shard group {key} holds shards {list(mine)}, group {keys[0]} "
+                f"{list(fractions)}; replicated groups must hold the same shards in one order"
+            )
+    return [
+        ShardRole(group=g, index=members.index(r), groups=groups, fractions=fractions)
+        for r in range(len(devices))
+        for g, members in enumerate(groups)
+        if r in members
+    ]

@@ -6,8 +6,9 @@ device (importing torch, one thread) and then serves any number of runs:
 
 ``rendezvous()`` (rank 0) names an address and a free port; ``join(run,
 rank, addr, port)`` forms the run's process group (:mod:`workers.runtime.distributed`)
-and builds the rank's engine (:mod:`workers.runtime.engine`: data-parallel or pipeline
-stage); ``step(t)`` returns a typed :class:`~workers.records.RankStep`;
+and builds the rank's engine (:mod:`workers.runtime.engine`: data-parallel, pipeline
+stage or fully sharded, :func:`workers.runtime.spec.engine_kind`); ``step(t)`` returns
+a typed :class:`~workers.records.RankStep`;
 ``leave()`` drops the engine and the group so the next job starts clean. The
 profiler measures through the same worker (``measure``), so profiling reuses
 warm actors too.
@@ -34,9 +35,16 @@ from workers.errors import DeviceOutOfMemory
 from workers.records import RankStep
 from workers.runtime.distributed import free_port, join_group, leave_group
 from workers.runtime.engine import DataParallelEngine, Engine
+from workers.runtime.fsdp import FullyShardedEngine
 from workers.runtime.measure import Measurement
 from workers.runtime.pipeline_engine import PipelineEngine
-from workers.runtime.spec import RankSpec, RunSpec
+from workers.runtime.spec import EngineKind, RankSpec, RunSpec, engine_kind
+
+ENGINES: dict[EngineKind, type[Engine]] = {
+    "dp": DataParallelEngine,
+    "pipeline": PipelineEngine,
+    "fsdp": FullyShardedEngine,
+}
 
 
 def make_device(
@@ -111,8 +119,7 @@ class DeviceWorker:
                 world_size=rank.world_size,
             )
             self.group_key = group_key
-        engine_cls = DataParallelEngine if rank.stage is None else PipelineEngine
-        self.engine = engine_cls(run, rank, device)
+        self.engine = ENGINES[engine_kind(rank)](run, rank, device)
         self.set_slowdown(self.slowdown)
 
     def step(self, step: int) -> RankStep:

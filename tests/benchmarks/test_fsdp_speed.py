@@ -1,0 +1,112 @@
+"""Benchmark: fully-sharded data parallelism trains on devices too small for the model.
+
+    .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_fsdp_speed.py
+
+A simulated cluster of one A100-80GB and three A100-40GB whose memory scale leaves
+the 40 GB devices too small for gpt-tiny's fp32 states: ``dp`` trains on the one
+80 GB device, ``pp``/``hybrid`` (the planner's best pipeline) and ``fsdp`` on all four.
+Prints, side by side from one run, each plan's predicted and measured step time.
+
+The ``fsdp`` plan is written by hand until the planner makes one (shards in
+proportion to capacity, batches in proportion to speed, the largest micro-batch that
+fits); its prediction is then the data-parallel cost model's busy time of its slowest
+device (DESIGN.md, "The cost model"), with the all-gathers and reduce-scatters assumed
+hidden behind compute, which is what the measurement checks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler.cost.costmodel import busy_s
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import DevicePlan, Plan
+from scheduler.planning.planner import make_plan
+from tests.benchmarks.conftest import paced_local_ray
+
+TINY = get_preset("gpt-tiny")
+GLOBAL_BATCH = 32
+STEPS = 6
+CLUSTER = parse_cluster(
+    {
+        "name": "one-big",
+        "nodes": [
+            {"name": "a", "devices": [{"type": "A100-80GB", "count": 1}]},
+            {"name": "b", "devices": [{"type": "A100-40GB", "count": 3}]},
+        ],
+        "simulation": {"memory_scale": 0.0003},
+    }
+)
+PACING_MARGIN = "8"
+"""As tests/benchmarks/test_pipeline_auto.py: four actors finish inside their pacing."""
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    with paced_local_ray(CLUSTER, PACING_MARGIN):
+        yield
+
+
+def fsdp_plan(profile) -> Plan:
+    """Shards by capacity, an equal share of the batch (equal speeds), micro-batches of 2."""
+    ids = [d.id for d in profile.devices]
+    capacity = {d.id: d.capacity_bytes for d in profile.devices}
+    total = sum(capacity.values())
+    share, micro_batch = GLOBAL_BATCH // len(ids), 2
+    devices, busy = [], []
+    for i, d in enumerate(profile.devices):
+        busy.append(busy_s(d, share, micro_batch))
+        devices.append(
+            DevicePlan(
+                id=d.id,
+                samples=share,
+                micro_batch=micro_batch,
+                accum_steps=share // micro_batch,
+                busy_s=busy[-1],
+                peak_bytes=0,
+                offset=i * share,
+                shard=capacity[d.id] / total,
+            )
+        )
+    assert len(ids) == len(devices)
+    return Plan(
+        strategy="fsdp",
+        global_batch=GLOBAL_BATCH,
+        predicted_step_s=max(busy),
+        compute_s=max(busy),
+        comm_s=0.0,
+        devices=tuple(devices),
+    )
+
+
+@pytest.mark.benchmark
+def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
+    from workers.session import profile_cluster, train
+
+    profile = profile_cluster(CLUSTER, TINY, cache_dir=tmp_path)
+    plans = {
+        "dp": make_plan(profile, GLOBAL_BATCH, "dp"),
+        "pipeline": make_plan(profile, GLOBAL_BATCH, "hybrid"),
+        "fsdp": fsdp_plan(profile),
+    }
+    assert len(plans["dp"].active) == 1, "the states fit only the A100-80GB"
+    measured = {}
+    for name, plan in plans.items():
+        result = train(
+            cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=0, cache_dir=tmp_path
+        )
+        measured[name] = statistics.median(result.step_times_s[1:])
+    for name, plan in plans.items():
+        error = measured[name] / plan.predicted_step_s - 1
+        print(
+            f"\n{name:>8} ({plan.strategy}, {len(plan.active)} devices): measured "
+            f"{measured[name]:.3f} s/step = {GLOBAL_BATCH / measured[name]:.1f} samples/s; "
+            f"predicted {plan.predicted_step_s:.3f} s/step ({error:+.1%})"
+        )
+    print(f"fsdp / dp measured throughput: {measured['dp'] / measured['fsdp']:.2f}x")
+    assert measured["fsdp"] < measured["dp"]
