@@ -7,11 +7,10 @@ the 40 GB devices too small for gpt-tiny's fp32 states: ``dp`` trains on the one
 80 GB device, ``pp``/``hybrid`` (the planner's best pipeline) and ``fsdp`` on all four.
 Prints, side by side from one run, each plan's predicted and measured step time.
 
-The ``fsdp`` plan is written by hand until the planner makes one (shards in
-proportion to capacity, batches in proportion to speed, the largest micro-batch that
-fits); its prediction is then the data-parallel cost model's busy time of its slowest
-device (DESIGN.md, "The cost model"), with the all-gathers and reduce-scatters assumed
-hidden behind compute, which is what the measurement checks.
+Every plan is the planner's, from the measured profile; the ``fsdp`` prediction is
+the sharded cost model's (:mod:`scheduler.cost.sharded`: per unit, the slowest
+device's compute against its all-gathers and reduce-scatter, overlapped), which is
+what the measurement checks.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cost.costmodel import busy_s
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
-from scheduler.planning.plan import DevicePlan, Plan
 from scheduler.planning.planner import make_plan
 from tests.benchmarks.conftest import paced_local_ray
 
@@ -52,38 +49,6 @@ def local_ray() -> Iterator[None]:
         yield
 
 
-def fsdp_plan(profile) -> Plan:
-    """Shards by capacity, an equal share of the batch (equal speeds), micro-batches of 2."""
-    ids = [d.id for d in profile.devices]
-    capacity = {d.id: d.capacity_bytes for d in profile.devices}
-    total = sum(capacity.values())
-    share, micro_batch = GLOBAL_BATCH // len(ids), 2
-    devices, busy = [], []
-    for i, d in enumerate(profile.devices):
-        busy.append(busy_s(d, share, micro_batch))
-        devices.append(
-            DevicePlan(
-                id=d.id,
-                samples=share,
-                micro_batch=micro_batch,
-                accum_steps=share // micro_batch,
-                busy_s=busy[-1],
-                peak_bytes=0,
-                offset=i * share,
-                shard=capacity[d.id] / total,
-            )
-        )
-    assert len(ids) == len(devices)
-    return Plan(
-        strategy="fsdp",
-        global_batch=GLOBAL_BATCH,
-        predicted_step_s=max(busy),
-        compute_s=max(busy),
-        comm_s=0.0,
-        devices=tuple(devices),
-    )
-
-
 @pytest.mark.benchmark
 def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
     from workers.session import profile_cluster, train
@@ -92,7 +57,7 @@ def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
     plans = {
         "dp": make_plan(profile, GLOBAL_BATCH, "dp"),
         "pipeline": make_plan(profile, GLOBAL_BATCH, "hybrid"),
-        "fsdp": fsdp_plan(profile),
+        "fsdp": make_plan(profile, GLOBAL_BATCH, "fsdp"),
     }
     assert len(plans["dp"].active) == 1, "the states fit only the A100-80GB"
     measured = {}
