@@ -17,6 +17,7 @@ from workers.devices.layer_profile import host_layers, stage_host
 from workers.devices.pacing import Pacing, PacingOf, with_recompute
 from workers.errors import WorkerError
 from workers.records import OptimizerConfig
+from workers.runtime.precision import needs_loss_scaling
 from workers.runtime.stages import SyncGroup, ordered_stages, sync_groups
 
 DTYPES = ("float32", "float64")
@@ -89,9 +90,13 @@ class RankSpec:
     recompute: str = "none"
     """Activation recomputation the plan chose for this device (``none``, ``selective``,
     ``full``: :func:`workers.runtime.engine.set_recompute`)."""
+    precision: str = "fp32"
+    """Compute precision the plan chose for this device (:mod:`workers.runtime.precision`)."""
+    loss_scaling: bool = False
+    """Dynamic loss scaling: True on every rank of a run where any rank computes in fp16."""
 
 
-_SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute")
+_SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute", "precision")
 """What a rank takes from its plan entry: its slice of the batch and how it computes it."""
 
 
@@ -127,6 +132,7 @@ def make_ranks(
     if not plan.active:
         raise WorkerError("plan: no device has any samples")
     roles = _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
+    loss_scaling = needs_loss_scaling(d.precision for d, _ in roles)
     pieces = None
     ranks = []
     for rank, (d, role) in enumerate(roles):
@@ -148,6 +154,7 @@ def make_ranks(
                 capacity_bytes=capacity,
                 pacing=pacing,
                 stage=role,
+                loss_scaling=loss_scaling,
                 **_share(d),
             )
         )
