@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from scheduler.errors import HetschedError
+from scheduler.hardware.precision import JOB_PRECISIONS
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
@@ -49,6 +50,12 @@ def add_parser(subparsers: Any) -> None:
     submit.add_argument("--lr", type=float, default=3e-3)
     submit.add_argument("--weight-decay", type=float, default=0.0)
     submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument(
+        "--precision",
+        choices=JOB_PRECISIONS,
+        default="fp32",
+        help="fp32, bf16, fp16 (loss-scaled) or auto per device type (default %(default)s)",
+    )
     submit.add_argument("--devices", help="comma-separated device ids (default: all)")
     submit.add_argument("--submission-id", help="idempotency key: resubmitting returns the job")
     _common(submit)
@@ -185,6 +192,7 @@ def run_submit(args: argparse.Namespace) -> int:
         "strategy": args.strategy,
         "optimizer": {"lr": args.lr, "weight_decay": args.weight_decay},
         "seed": args.seed,
+        "precision": args.precision,
     }
     if args.devices:
         body["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]

@@ -23,6 +23,7 @@ from api.commands.common import add_command, model_help
 from scheduler.cost.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
+from scheduler.hardware.precision import JOB_PRECISIONS
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import PRESETS
 from scheduler.planning.plan import Plan
@@ -59,6 +60,14 @@ def add_parser(subparsers: Any) -> None:
         help="with --cluster: share of peak FLOP/s every device reaches "
         f"(default: each GPU's own, {DEFAULT_EFFICIENCY} for most, less for 70 W cards)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=JOB_PRECISIONS,
+        help="what the job computes in: with --cluster, each device's compute rate and "
+        "activation memory are that precision's (auto: bf16 where supported, fp16 on "
+        "V100/T4-class, fp32 otherwise); with --profile, only the plan's label (the figures "
+        "are as measured). Default: the 16-bit figures analytic plans have always shown",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
 
 
@@ -71,15 +80,20 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
             flag = "--model" if args.model else "--efficiency"
             raise HetschedError(f"{flag}: only with --cluster (a profile carries its own figures)")
         profile = load_profile(args.profile)
+        if args.precision is not None:
+            profile = profile.at_precision(args.precision)
         return profile, f"{profile.source} profile {Path(args.profile).name}"
     if not args.cluster:
         raise HetschedError("give --cluster FILE --model PRESET, or --profile FILE")
     if not args.model:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
     cluster = load_cluster(args.cluster)
-    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=args.efficiency)
+    profile = analytic_profile(
+        cluster, resolve_model(args.model), efficiency=args.efficiency, precision=args.precision
+    )
     shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
-    return profile, f"cluster {cluster.name}, analytic roofline at {shares} of peak"
+    at = "" if args.precision is None else f" in {args.precision}"
+    return profile, f"cluster {cluster.name}, analytic roofline{at} at {shares} of peak"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,6 +158,9 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
         headers[2:2] = ["PIPE", "STAGE", "LAYERS"]
     if recomputes:
         headers.insert(headers.index("BUSY"), "RECOMPUTE")
+    mixed = any(d.precision != "fp32" for d in plan.devices)
+    if mixed:
+        headers.insert(headers.index("BUSY"), "PRECISION")
     headers.append("SHARE OF BATCH")
     rows = []
     for d in plan.devices:
@@ -160,6 +177,8 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
             row[2:2] = [pipe, stage, layers]
         if recomputes:
             row.append(d.recompute)
+        if mixed:
+            row.append(d.precision)
         row += [_seconds(d.busy_s), memory, f"{_bar(share)} {share:5.1%}"]
         rows.append(row)
     right = {i for i, h in enumerate(headers) if h in {"SAMPLES", "MICRO", "ACCUM", "BUSY"}}
