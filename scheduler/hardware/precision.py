@@ -169,7 +169,7 @@ def resolve(gpu: GpuSpec, requested: str, *, device: str | None = None) -> Preci
             f"precision: {requested} is not supported by {where}; it allows "
             f"{', '.join(allowed)} (or auto)"
         )
-    return requested  # type: ignore[return-value]
+    return requested
 
 
 def peak_tflops(gpu: GpuSpec, precision: str, *, tensor_tflops: float | None = None) -> float:

@@ -2,16 +2,19 @@
 
 Two real ranks (spawned processes driving :class:`DeviceWorker` directly, one gloo
 group, simulated devices paced at no cost) run every case one after another:
-data parallelism in fp32, bf16 and a mixed fp16/bf16 split, a two-stage pipeline
-in fp16, each fp16 case with and without an inf injected into one rank's gradient
-at one step, and a resume of the loss scale from a checkpoint.
+data parallelism in fp32, in bf16 and in a mixed fp16/bf16 split, that split and a
+two-stage fp16 pipeline with an inf injected into one rank's gradient at one step, and
+a resume of the loss scale from a checkpoint. The CUDA path is the ``gpu`` test at the
+end (``pytest -m gpu``).
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import queue
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,8 @@ from tests.support import TINY, manual_plan, pipeline_stage, plan_of
 
 STEPS = 20
 """Steps of the bf16-against-fp32 comparison."""
+RUN_TIMEOUT_S = 900.0
+"""Both ranks' cases take about 20 s of CPU each; a loaded shared host stretches that."""
 FP16_STEPS = 10
 INJECT_STEP = 4
 BF16_TOLERANCE = 0.1
@@ -31,9 +36,10 @@ measured: 0.06 at most, where a batch of unusual bytes spikes the loss)."""
 BF16_MEAN_TOLERANCE = 0.01
 """... and on average over the 20 steps (measured: 0.005): bf16's 8-bit mantissa on the
 activations, with fp32 master weights, gradients and sums."""
-FP16_TOLERANCE = 0.05
-"""Largest difference of the last loss between the run with one skipped step and the run
-without: one of ten AdamW steps missing."""
+FP16_SLACK = 0.03
+"""A run that skipped one of its ten steps ends one AdamW step behind the run that did
+not: its last loss lies between the clean run's last two, give or take this (fp16
+rounding; the skipped step's batch is never seen)."""
 
 
 def _free_port() -> int:
@@ -65,12 +71,13 @@ CASES: list[tuple[str, Plan, int, tuple[int, int] | None]] = [
     ("dp-bf16", _dp(["bf16", "bf16"]), STEPS, None),
     ("dp-fp16", _dp(["fp16", "bf16"]), FP16_STEPS, None),
     ("dp-fp16-inject", _dp(["fp16", "bf16"]), FP16_STEPS, (1, INJECT_STEP)),
-    ("pp-fp16", _pp("fp16"), FP16_STEPS, None),
     ("pp-fp16-inject", _pp("fp16"), FP16_STEPS, (1, INJECT_STEP)),
 ]
 """Name, plan, steps, and (rank, step) of an injected inf: dp's rank 1 computes in bf16, so
 the overflow of a rank that would not scale for itself must still skip the fp16 rank's step;
-pp's rank 1 is the last stage, so stage 0 learns of it only through the agreement."""
+pp's rank 1 is the last stage, so stage 0 learns of it only through the agreement. The
+pipeline's run without the inf is dp-fp16: ``pp`` and ``dp`` give one loss curve (DESIGN.md,
+Correctness), which the test checks up to the injected step."""
 
 
 def _rank_main(rank: int, ports: list[int], checkpoint: str, out: Any) -> None:
@@ -134,7 +141,7 @@ def _rank_main(rank: int, ports: list[int], checkpoint: str, out: Any) -> None:
     # Resume: rank 0's part holds the scale; a fresh run of the same plan continues it.
     info = CheckpointStore(checkpoint).latest()
     assert info is not None
-    engine = join(CASES[3][1], ports[-1])  # dp-fp16-inject's plan
+    engine = join(CASES[3][1], ports[-1])  # dp-fp16-inject's plan, fresh
     engine.load_checkpoint(info.uri, info.manifest)
     resumed = {"scale": engine.scaler.scale, "good_steps": engine.scaler.good_steps}
     results["resumed"] = {"resumed": resumed, "saved": saved}
@@ -153,9 +160,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     for p in procs:
         p.start()
     got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
         while len(got) < 2:
-            rank, results = out.get(timeout=240)
+            try:
+                rank, results = out.get(timeout=5)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a rank died (exit codes {dead}); its error is above"
+                assert time.monotonic() < deadline, f"no result in {RUN_TIMEOUT_S:.0f} s"
+                continue
             got[rank] = results
     finally:
         for p in procs:
@@ -179,9 +193,11 @@ def test_bf16_tracks_fp32_over_twenty_steps(runs) -> None:
     assert not runs["dp-bf16"][0]["loss_scaling"], "bf16 needs no loss scale"
 
 
-@pytest.mark.parametrize("case", ["dp-fp16", "pp-fp16"])
+@pytest.mark.parametrize("case", ["dp-fp16-inject", "pp-fp16-inject"])
 def test_an_injected_overflow_is_skipped_on_every_rank_and_halves_the_scale(runs, case) -> None:
-    clean, injected = runs[case], runs[f"{case}-inject"]
+    clean, injected = runs["dp-fp16"], runs[case]
+    before = _differences(clean[0]["losses"][:INJECT_STEP], injected[0]["losses"][:INJECT_STEP])
+    assert max(before) < 2e-3, "the same training up to the injected step (fp16 rounding)"
     for rank in (0, 1):
         assert injected[rank]["loss_scaling"]
         # one more step skipped than without the inf, on every rank alike
@@ -192,7 +208,8 @@ def test_an_injected_overflow_is_skipped_on_every_rank_and_halves_the_scale(runs
     assert injected[0]["scales"] == injected[1]["scales"], "the scale is identical on all ranks"
     assert injected[0]["losses"] == injected[1]["losses"]
     assert all(math.isfinite(x) for x in injected[0]["losses"][INJECT_STEP + 1 :])
-    assert abs(injected[0]["losses"][-1] - clean[0]["losses"][-1]) < FP16_TOLERANCE
+    last, (before_last, clean_last) = injected[0]["losses"][-1], clean[0]["losses"][-2:]
+    assert clean_last - FP16_SLACK < last < before_last + FP16_SLACK
     assert clean[0]["losses"][-1] < clean[0]["losses"][0] - 0.3
 
 
