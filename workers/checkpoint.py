@@ -2,7 +2,7 @@
 
 DESIGN.md, "A job's life": a checkpoint holds the tensors as one device
 training the whole model would hold them, by global parameter name — the
-model, AdamW's two moments per parameter — plus a JSON manifest (format
+model, AdamW's two moments per parameter, an fp16 run's loss scale — plus a JSON manifest (format
 version, step, model dimensions, optimizer step count, which part file holds
 which name, and whatever the caller adds: the job spec, the plan that wrote
 it). Tensors are in ``safetensors`` files.
@@ -190,6 +190,23 @@ def part_tensors(
             if moment in state:
                 out[f"optim/{moment}/{name}"] = state[moment].detach().cpu().contiguous().clone()
     return out
+
+
+SCALER_PREFIX = "scaler/"
+"""fp16 runs: the dynamic loss scale and its count of good steps, stored once (rank 0's
+part), so a resumed job continues the scale (:class:`workers.runtime.precision.LossScaler`)."""
+SCALER_KEYS = ("scale", "good_steps")
+
+
+def scaler_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A loss scaler's state under its checkpoint names."""
+    return {f"{SCALER_PREFIX}{k}": v.detach().cpu().reshape(()) for k, v in state.items()}
+
+
+def read_scaler(uri: str, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The loss scaler's state in checkpoint ``uri``; empty for one written without it."""
+    tensors = read_tensors(uri, manifest, [f"{SCALER_PREFIX}{k}" for k in SCALER_KEYS])
+    return {k.removeprefix(SCALER_PREFIX): v for k, v in tensors.items()}
 
 
 def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:

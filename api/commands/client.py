@@ -30,6 +30,7 @@ from api.states import JobState
 from hetsched import Client, JobFailed, Retry
 from hetsched.calls import DEFAULT_URL
 from scheduler.errors import HetschedError
+from scheduler.hardware.precision import JOB_PRECISIONS
 
 STATES = tuple(JobState)
 CLI_RETRY = Retry(attempts=3, backoff_s=0.25)
@@ -100,6 +101,12 @@ def add_job_fields(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("--lr", type=float, default=3e-3)
     submit.add_argument("--weight-decay", type=float, default=0.0)
     submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument(
+        "--precision",
+        choices=JOB_PRECISIONS,
+        default="fp32",
+        help="fp32, bf16, fp16 (loss-scaled) or auto per device type (default %(default)s)",
+    )
     submit.add_argument("--devices", help="comma-separated device ids (default: the policy's)")
     submit.add_argument("--priority", type=float, help="weight under fair and goodput (default 1)")
     submit.add_argument("--min-devices", type=int, help="wait until this many are free")
@@ -144,6 +151,7 @@ def job_fields(args: argparse.Namespace) -> dict[str, Any]:
         "strategy": args.strategy,
         "optimizer": {"lr": args.lr, "weight_decay": args.weight_decay},
         "seed": args.seed,
+        "precision": args.precision,
     }
     if args.devices:
         body["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]

@@ -23,6 +23,7 @@ from api.commands.common import add_command, model_help
 from scheduler.cost.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
+from scheduler.hardware.precision import JOB_PRECISIONS
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import PRESETS
 from scheduler.planning.plan import Plan
@@ -60,6 +61,14 @@ def add_parser(subparsers: Any) -> None:
         f"(e.g. {DEFAULT_EFFICIENCY}; default: each GPU's sustained rate from published "
         "measurements, far below peak for 70 W cards)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=JOB_PRECISIONS,
+        help="what the job computes in: with --cluster, each device's compute rate and "
+        "activation memory are that precision's (auto: bf16 where supported, fp16 on "
+        "V100/T4-class, fp32 otherwise); with --profile, only the plan's label (the figures "
+        "are as measured). Default: the 16-bit figures analytic plans have always shown",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
 
 
@@ -72,15 +81,20 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
             flag = "--model" if args.model else "--efficiency"
             raise HetschedError(f"{flag}: only with --cluster (a profile carries its own figures)")
         profile = load_profile(args.profile)
+        if args.precision is not None:
+            profile = profile.at_precision(args.precision)
         return profile, f"{profile.source} profile {Path(args.profile).name}"
     if not args.cluster:
         raise HetschedError("give --cluster FILE --model PRESET, or --profile FILE")
     if not args.model:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
     cluster = load_cluster(args.cluster)
-    profile = analytic_profile(cluster, resolve_model(args.model), efficiency=args.efficiency)
+    profile = analytic_profile(
+        cluster, resolve_model(args.model), efficiency=args.efficiency, precision=args.precision
+    )
     shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
-    return profile, f"cluster {cluster.name}, analytic roofline at {shares} of peak"
+    at = "" if args.precision is None else f" in {args.precision}"
+    return profile, f"cluster {cluster.name}, analytic roofline{at} at {shares} of peak"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,6 +163,9 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
         headers.insert(headers.index("BUSY"), "RECOMPUTE")
     if sharded:
         headers[headers.index("BUSY") : headers.index("BUSY")] = ["GROUP"] * groups + ["SHARD"]
+    mixed = any(d.precision != "fp32" for d in plan.devices)
+    if mixed:
+        headers.insert(headers.index("BUSY"), "PRECISION")
     headers.append("SHARE OF BATCH")
     rows = []
     for d in plan.devices:
@@ -168,6 +185,8 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
         if sharded:
             group = [] if not groups else ["" if d.shard_group is None else str(d.shard_group)]
             row += [*group, "" if d.shard is None else f"{d.shard:.1%}"]
+        if mixed:
+            row.append(d.precision)
         row += [_seconds(d.busy_s), memory, f"{_bar(share)} {share:5.1%}"]
         rows.append(row)
     right = {

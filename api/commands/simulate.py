@@ -39,6 +39,7 @@ from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster, with_faults
 from scheduler.hardware.faults import FaultSchedule, parse_fault
+from scheduler.hardware.precision import JOB_PRECISIONS, device_precisions
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import ModelPreset, check_trainable
 from scheduler.planning.plan import DP_STRATEGIES
@@ -128,6 +129,13 @@ def add_parser(subparsers: Any) -> None:
         "slow=FACTOR or restore (e.g. node-a/0@10:slow=3); adds to the spec's simulation.faults",
     )
     parser.add_argument(
+        "--precision",
+        choices=JOB_PRECISIONS,
+        default="fp32",
+        help="compute precision: bf16/fp16 with fp32 master weights (fp16 with dynamic loss "
+        "scaling), or auto per device type (default %(default)s)",
+    )
+    parser.add_argument(
         "--no-replan",
         action="store_true",
         help="keep each run's first plan when a device's speed changes",
@@ -213,13 +221,15 @@ def simulate(
     val_every: int | None = None,
     val_batches: int = 1,
     init_from: Path | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Profile, plan and train each strategy; the JSON document of the command.
 
     The cluster's ``simulation.faults`` are injected into every run; each run
     checkpoints into a temporary directory, so it survives crashes and lost
     devices and, with ``replan``, follows speed changes (:mod:`workers.run.job`).
-    ``init_from``: a Hugging Face directory every run starts from.
+    ``init_from``: a Hugging Face directory every run starts from. ``precision``:
+    what every run computes in (``auto``: per device type).
     """
     from workers.session import RunBuilder, default_cache_dir, default_validation
 
@@ -242,7 +252,7 @@ def simulate(
         first = RunBuilder(
             cluster=cluster,
             model=preset,
-            profile=profile,
+            profile=profile.at_precision(precision),
             strategy=strategies[0],
             global_batch=global_batch,
             steps=steps,
@@ -266,6 +276,7 @@ def simulate(
             "global_batch": global_batch,
             "steps": steps,
             "seed": seed,
+            "precision": precision,
             "profile": profile.to_dict(),
             "ideal_samples_per_s": ideal_samples_per_s(profile),
             "runs": runs,
@@ -393,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
     )
     check_trainable(preset)  # before starting Ray: a family the runtimes cannot build
     check_simulated_fit(cluster, preset, cluster.ids)  # any memory_scale: fits, or one line
+    device_precisions(cluster.devices, args.precision)  # every device runs it, or one line
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
@@ -410,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
             val_every=args.val_every,
             val_batches=args.val_batches,
             init_from=args.init_from,
+            precision=args.precision,
         )
     if args.json:
         print(json.dumps(doc))

@@ -91,7 +91,7 @@ class JobRunner:
         builder = RunBuilder(
             cluster=self.handle.cluster,
             model=model,
-            profile=profile,
+            profile=profile.at_precision(spec.precision),
             strategy=spec.strategy,
             global_batch=spec.global_batch,
             steps=spec.steps,

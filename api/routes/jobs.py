@@ -31,6 +31,7 @@ from api.services import (
 )
 from api.states import JobState
 from api.views import job_public
+from scheduler.hardware.precision import device_precisions
 from scheduler.models.presets import check_trainable
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -68,6 +69,8 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
     device_ids = check_devices(state.handle, spec.devices)
     cluster = state.handle.cluster
     check_device_counts(spec, len(cluster.ids) if cluster is not None else 0)
+    if cluster is not None:  # a device that cannot run the precision: a one-line 422
+        device_precisions((cluster.device(i) for i in device_ids), spec.precision)
     resolve_dataset(
         state.settings.data_dir,
         spec.dataset,

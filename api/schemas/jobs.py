@@ -16,6 +16,7 @@ from api.schemas.fields import (
 )
 from api.schemas.plans import OptimizerSpec, PlanCreate, PlanPublic, TrainableModelRef
 from api.states import JobState
+from scheduler.hardware.precision import JobPrecision
 
 
 class JobCreate(PlanCreate):
@@ -30,6 +31,13 @@ class JobCreate(PlanCreate):
     )
     steps: int = Field(default=20, ge=1, le=1_000_000)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    precision: JobPrecision = Field(
+        default="fp32",
+        description="Compute precision: fp32; bf16 (Ampere and newer) or fp16 (with dynamic "
+        "loss scaling; V100, T4 and newer), both with fp32 master weights and AdamW state; "
+        "or auto, per device type (bf16 where supported, fp16 on V100/T4-class GPUs, fp32 "
+        "otherwise). A device that cannot run the precision asked for is a 422.",
+    )
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     checkpoint_every: int | None = Field(
         default=None,

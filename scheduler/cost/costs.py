@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler.hardware.precision import Precision
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import ModelPreset
 
@@ -177,6 +178,9 @@ class DeviceProfile:
     """Figures with selective recomputation (module docstring), when known."""
     full: RecomputeCost | None = None
     """Figures with full recomputation, when known."""
+    precision: Precision = "fp32"
+    """The compute precision these figures are for, and the device's plans run in
+    (:func:`scheduler.cost.precision.with_precision`)."""
 
     def max_micro_batch(self, per_sample_bytes: int | None = None) -> int:
         """Largest micro-batch that fits; 0 when the model states alone do not.
@@ -232,6 +236,8 @@ class DeviceProfile:
             out["layers"] = self.layers.to_dict()
         if (recompute := _recompute_dict(self.selective, self.full)) is not None:
             out["recompute"] = recompute
+        if self.precision != "fp32":
+            out["precision"] = self.precision
         return out
 
 

@@ -23,11 +23,13 @@ from scheduler.cost.costs import (
     sharding_of,
     with_derived_recompute,
 )
+from scheduler.cost.precision import device_precision, layers_at, rates_at, with_precision
 from scheduler.cost.roofline import PieceTime, Rates, block_time, embed_time, head_time
 from scheduler.errors import ProfileError
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.hardware.catalogue import DEFAULT_FLOPS_SHARE, lookup
 from scheduler.hardware.cluster import Cluster, Links
+from scheduler.hardware.precision import PRECISIONS, JobPrecision, Precision
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute, Stored
 from scheduler.models.presets import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
 
@@ -91,6 +93,12 @@ class Profile:
 
         return replace(self, devices=tuple(plain(d) for d in self.devices))
 
+    def at_precision(self, requested: str) -> Profile:
+        """Each device labelled with the precision it trains in when a job asks
+        ``requested`` (``auto``: per device type); its figures stay as measured.
+        Raises a one-line ``precision:`` error for a device that cannot."""
+        return replace(self, devices=with_precision(self.devices, requested))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -147,6 +155,15 @@ def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
             else 0,
         )
     return out
+
+
+def _precision(where: str, raw: dict[str, Any]) -> Precision:
+    value = raw.get("precision", "fp32")
+    if value not in PRECISIONS:
+        raise ProfileError(
+            f"profile: {where}.precision must be one of {', '.join(PRECISIONS)}, got {value!r}"
+        )
+    return value  # type: ignore[no-any-return]
 
 
 def _layer_cost(where: str, raw: Any) -> LayerCost:
@@ -217,6 +234,7 @@ def profile_from_dict(data: Any) -> Profile:
                 else None,
                 selective=recompute.get("selective"),
                 full=recompute.get("full"),
+                precision=_precision(where, raw),
             )
         )
     preset = PRESETS.get(model)
@@ -432,6 +450,7 @@ def analytic_profile(
     *,
     efficiency: float | None = None,
     simulated: bool = False,
+    precision: JobPrecision | None = None,
 ) -> Profile:
     """A profile of ``cluster`` training ``model``, from the catalogue alone.
 
@@ -444,21 +463,31 @@ def analytic_profile(
     own sustained rate (:func:`scheduler.cost.roofline.sustained_gemm_tflops`).
     ``simulated``: capacities are those of the cluster's simulated devices
     (:func:`scheduler.hardware.capacity.usable_capacity_bytes`).
+    ``precision``: what the job trains in (``auto``: per device type,
+    :mod:`scheduler.hardware.precision`); each device's compute rate and activation
+    bytes are that precision's (:mod:`scheduler.cost.precision`) and its plans run
+    in it. None: the 16-bit figures this model has always given (the catalogue's
+    tensor peak, 16-bit activations), labelled fp32 — what-if plans made before
+    precision was a setting read the same.
     """
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
     # A device's figures depend only on its type (and a spec's peak override) and its
     # memory: derive them once per kind, not once per device (issue 20: at 16,384
     # devices the per-device derivation was most of the time `hetsched plan` took).
-    figures: dict[tuple[str, float], _DeviceFigures] = {}
+    figures: dict[tuple[str, float, str], _DeviceFigures] = {}
     capacities: dict[int, int] = {}
     static_bytes = model.model_state_bytes
     devices = []
     for d in cluster.devices:
-        kind = (d.type, d.peak_tflops)
+        chosen = device_precision(d.type, precision or "fp32", device=d.id)
+        kind = (d.type, d.peak_tflops, chosen)
         if kind not in figures:
-            rates = Rates.of(lookup(d.type), peak_tflops=d.peak_tflops, flops_share=efficiency)
-            figures[kind] = _DeviceFigures.of(analytic_layers(model, rates))
+            priced = chosen if precision else "bf16"
+            rates = rates_at(
+                lookup(d.type), priced, tensor_tflops=d.peak_tflops, flops_share=efficiency
+            )
+            figures[kind] = _DeviceFigures.of(layers_at(analytic_layers(model, rates), priced))
         memory_bytes = d.memory_bytes
         if memory_bytes not in capacities:
             capacities[memory_bytes] = usable_capacity_bytes(
@@ -478,6 +507,7 @@ def analytic_profile(
                 layers=f.layers,
                 selective=f.selective,
                 full=f.full,
+                precision=chosen,
             )
         )
     return Profile(

@@ -335,6 +335,7 @@ def _build(
                 peak_bytes=d.static_bytes + mb * per_sample_bytes,
                 offset=o,
                 recompute=recompute,
+                precision=d.precision,
             )
         )
     compute, comm = _step_s(profile, group, samples)

@@ -212,6 +212,7 @@ def stage_plans(
                 stage=s,
                 pipeline=pipeline,
                 recompute=mode,
+                precision=st.device.precision,
             )
         )
     return out

@@ -62,11 +62,13 @@ def test_simulate_json_prints_one_object_with_every_strategy(
         "global_batch",
         "steps",
         "seed",
+        "precision",
         "profile",
         "ideal_samples_per_s",
         "runs",
         "speedup_vs_even",
     }
+    assert doc["precision"] == "fp32"  # the default: the arithmetic of earlier releases
     assert (doc["cluster"], doc["model"], doc["global_batch"], doc["steps"], doc["seed"]) == (
         "two-gpus",
         "gpt-tiny",

@@ -7,6 +7,7 @@ pipeline's. Loss and gradients follow DESIGN.md, "Correctness".
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -18,12 +19,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from workers.checkpoint import load_part, part_tensors, write_part
+from workers.checkpoint import load_part, part_tensors, read_scaler, scaler_tensors, write_part
 from workers.data.dataset import TokenDataset, open_dataset
 from workers.devices.device import TorchDevice
 from workers.models.families import build_model
 from workers.models.gpt import lm_loss_sum
 from workers.records import DeviceStep, OptimizerConfig, RankStep
+from workers.runtime.precision import LossScaler, agree_overflow, autocast, nonfinite
 from workers.runtime.spec import RankSpec, RunSpec
 
 
@@ -88,7 +90,8 @@ class Engine(ABC):
     Built inside a :class:`workers.runtime.worker.DeviceWorker` when the worker
     joins a run and dropped when it leaves. Owns the model slice the rank holds
     (the whole model, or a pipeline stage's blocks) built from the seed, its AdamW
-    optimizer, the data, the loss scale, and its state under whole-model
+    optimizer, the data, the loss scale, the dynamic loss scaler of fp16 runs
+    (:mod:`workers.runtime.precision`), and its state under whole-model
     parameter names.
     """
 
@@ -110,6 +113,7 @@ class Engine(ABC):
             run.dataset, seq_len=run.preset.seq_len, vocab_size=run.preset.vocab_size
         )
         self.loss_scale = 1.0 / (run.global_batch * run.preset.seq_len)
+        self.scaler = LossScaler(enabled=rank.loss_scaling)
         self.sizes = micro_batch_sizes(rank.samples, rank.accum_steps)
         self.val_data: TokenDataset | None = None
         """The held-out split, opened at the first evaluation."""
@@ -131,9 +135,35 @@ class Engine(ABC):
         )
         return x.to(self.device.torch_device), y.to(self.device.torch_device)
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The precision this rank's forward passes compute in (its plan entry's)."""
+        return autocast(self.rank.precision, self.device.torch_device)
+
+    @property
+    def backward_scale(self) -> float:
+        """What a micro-batch's summed token loss is multiplied by before backward:
+        ``1 / (global_batch · seq_len)`` (DESIGN.md, Correctness) times the loss scale."""
+        return self.loss_scale * self.scaler.scale
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The summed gradients this rank's optimizer steps on (a sharded engine: its slice)."""
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def overflowed(self) -> bool:
+        """Whether any rank's summed gradients hold an inf or a NaN (the same on every rank)."""
+        local = nonfinite(self.gradients())
+        return agree_overflow(local, device=self.device.torch_device)
+
     def update(self, step: int) -> None:
-        """The optimizer step once the gradients are summed: the schedule's learning
-        rate, clipping by the global norm (:meth:`grad_sq_norm`), then AdamW."""
+        """The optimizer step once the gradients are summed: with loss scaling, the
+        overflow verdict (a skipped step changes nothing but the scale) and the
+        unscaled gradients; then the schedule's learning rate, clipping by the global
+        norm (:meth:`grad_sq_norm`), and AdamW."""
+        if self.scaler.enabled:
+            used = self.scaler.scale
+            if self.scaler.update(self.overflowed()):
+                return
+            self.scaler.unscale(self.gradients(), used)
         opt = self.run.optimizer
         for group in self.optimizer.param_groups:
             group["lr"] = opt.lr_at(step)
@@ -229,12 +259,18 @@ class Engine(ABC):
             self.device.pacing = rank.pacing
 
     def save_part(self, uri: str, part: str) -> list[str]:
-        """Write this rank's model and optimizer slice into checkpoint ``uri``."""
-        return write_part(uri, part, part_tensors(self.model, self.optimizer))
+        """Write this rank's model and optimizer slice into checkpoint ``uri``; rank 0
+        (a writer under every plan) adds the loss scale, the same on every rank."""
+        tensors = part_tensors(self.model, self.optimizer)
+        if self.scaler.enabled and self.rank.rank == 0:
+            tensors.update(scaler_tensors(self.scaler.state()))
+        return write_part(uri, part, tensors)
 
     def load_checkpoint(self, uri: str, manifest: dict[str, Any]) -> None:
         """Load this rank's slice from a checkpoint written by any plan."""
         load_part(uri, manifest, self.model, self.optimizer)
+        if self.scaler.enabled:
+            self.scaler.load(read_scaler(uri, manifest))
         self.step_done = int(manifest["step"])
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -271,14 +307,20 @@ class DataParallelEngine(Engine):
         # Every rank holds the whole summed gradient; the last slot is the loss.
         return float(self.flat[:-1].double().pow(2).sum())
 
+    def overflowed(self) -> bool:
+        # The SUM all-reduce was the agreement: a non-finite summand on any rank
+        # leaves the sum non-finite on all of them, so no collective is needed here
+        # (and none may be: the update can run while this rank is still paced).
+        return nonfinite([self.flat[:-1]])
+
     def evaluate(self, val_batches: int) -> float:
-        model, device = self.model, self.device
+        model = self.model
         _, pairs = self.val_micro_batches(val_batches)
         loss_sum = 0.0
         model.eval()
         with torch.no_grad():
             for xi, yi in pairs:
-                with device.autocast():
+                with self.autocast():
                     loss_sum += float(lm_loss_sum(model(xi), yi))
         model.train()
         return self.mean_val_loss(loss_sum, val_batches)
@@ -310,12 +352,12 @@ class DataParallelEngine(Engine):
             size = len(xi)
 
             def forward(xi: torch.Tensor = xi, yi: torch.Tensor = yi) -> torch.Tensor:
-                with device.autocast():
+                with self.autocast():
                     return lm_loss_sum(model(xi), yi)
 
             loss, saved = device.forward(forward, model=model, micro_batch=size)
             loss_sum = loss_sum + loss.detach()
-            scaled = loss * self.loss_scale
+            scaled = loss * self.backward_scale
             last = i == len(self.sizes) - 1
             device.backward(
                 scaled.backward,

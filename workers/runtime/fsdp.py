@@ -119,11 +119,11 @@ class FullyShardedEngine(Engine):
         model, device, size = self.model, self.device, len(xi)
 
         def forward() -> torch.Tensor:
-            with device.autocast():
+            with self.autocast():
                 return lm_loss_sum(model(xi), yi)
 
         def backward() -> None:
-            (loss * self.loss_scale).backward()
+            (loss * self.backward_scale).backward()
             self.sharded.finish_backward()
 
         loss, saved = device.forward(forward, model=model, micro_batch=size)
@@ -168,6 +168,10 @@ class FullyShardedEngine(Engine):
             peak_bytes=peak,
         )
 
+    def gradients(self) -> list[torch.Tensor]:
+        """The owned gradient slice: what the optimizer steps on and loss scaling checks."""
+        return [self.sharded.grads]
+
     def grad_sq_norm(self) -> float:
         """The slices' squared norms summed over the group (after HSDP's sum every
         group holds the same gradient, so one group's sum is the global norm)."""
@@ -184,7 +188,7 @@ class FullyShardedEngine(Engine):
             for i in range(rounds):
                 if i < len(pairs):
                     xi, yi = pairs[i]
-                    with self.device.autocast():
+                    with self.autocast():
                         loss_sum += float(lm_loss_sum(self.model(xi), yi))
                 else:
                     self.sharded.idle_pass(backward=False)

@@ -21,6 +21,7 @@ from workers.models.gpt import lm_loss_sum
 from workers.records import RankStep
 from workers.runtime.distributed import new_group
 from workers.runtime.engine import Engine, micro_batches
+from workers.runtime.precision import agree_overflow, nonfinite
 from workers.runtime.spec import RankSpec, RunSpec
 
 
@@ -124,7 +125,7 @@ class PipelineEngine(Engine):
         """Forward only, stage after stage: each micro-batch's activations go to the next
         stage (a lone send in one direction cannot deadlock), the last stage sums the
         loss, and the sum is reduced over every rank as in training."""
-        role, model, device = self.role, self.model, self.device
+        role, model = self.role, self.model
         sizes, pairs = self.val_micro_batches(val_batches, load=role.is_first or role.is_last)
         loss_sum = 0.0
         model.eval()
@@ -135,7 +136,7 @@ class PipelineEngine(Engine):
                 else:
                     inp = self._activation(i, size)
                     self._exchange(None, (inp, role.prev_rank))
-                with device.autocast():
+                with self.autocast():
                     out = model(inp)
                 if role.is_last:
                     loss_sum += float(lm_loss_sum(out, pairs[i][1]))
@@ -231,12 +232,12 @@ class PipelineEngine(Engine):
         role, model, device = self.role, self.model, self.device
 
         def run() -> torch.Tensor:
-            with device.autocast():
+            with self.autocast():
                 out = model(inp)
                 if role.is_last:
                     loss = lm_loss_sum(out, flight.pairs[i][1])
                     flight.loss_sum += float(loss.detach())
-                    out = loss * self.loss_scale
+                    out = loss * self.backward_scale
             return out
 
         out, flight.saved_bytes[i] = device.forward(run, model=model, micro_batch=self.sizes[i])
@@ -272,6 +273,12 @@ class PipelineEngine(Engine):
             with contextlib.suppress(Exception):  # a peer that died must not stop the cleanup
                 dist.destroy_process_group(group)
         self.mine = []
+
+    def overflowed(self) -> bool:
+        """Every stage's verdict on its own gradients, agreed by one all-reduce over the
+        whole job (in the loss's group, which spans every rank and carries no p2p)."""
+        local = nonfinite(p.grad for p in self.model.parameters())
+        return agree_overflow(local, device=self.device.torch_device, group=self.loss_group)
 
     def grad_sq_norm(self) -> float:
         """Each rank's share of the squared norm, summed over the whole group."""

@@ -19,6 +19,7 @@ from workers.devices.layer_profile import host_layers, stage_host
 from workers.devices.pacing import Pacing, PacingOf, with_recompute
 from workers.errors import WorkerError
 from workers.records import OptimizerConfig
+from workers.runtime.precision import needs_loss_scaling
 from workers.runtime.stages import SyncGroup, ordered_stages, sync_groups
 
 DTYPES = ("float32", "float64")
@@ -119,9 +120,13 @@ class RankSpec:
     ``full``: :func:`workers.runtime.engine.set_recompute`)."""
     shard: ShardRole | None = None
     """Fully sharded (``fsdp``): the rank's slice of the model states and its groups."""
+    precision: str = "fp32"
+    """Compute precision the plan chose for this device (:mod:`workers.runtime.precision`)."""
+    loss_scaling: bool = False
+    """Dynamic loss scaling: True on every rank of a run where any rank computes in fp16."""
 
 
-_SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute")
+_SHARE_FIELDS = ("offset", "samples", "micro_batch", "accum_steps", "recompute", "precision")
 """What a rank takes from its plan entry: its slice of the batch and how it computes it."""
 
 
@@ -175,6 +180,7 @@ def make_ranks(
     if is_sharded(plan):
         return _sharded_ranks(plan, preset=preset, pacing_of=pacing_of)
     roles = _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
+    loss_scaling = needs_loss_scaling(d.precision for d, _ in roles)
     pieces = None
     ranks = []
     for rank, (d, role) in enumerate(roles):
@@ -196,6 +202,7 @@ def make_ranks(
                 capacity_bytes=capacity,
                 pacing=pacing,
                 stage=role,
+                loss_scaling=loss_scaling,
                 **_share(d),
             )
         )
@@ -231,6 +238,7 @@ def _sharded_ranks(plan: Plan, *, preset: ModelPreset, pacing_of: PacingOf) -> l
     in plan order (a device may own states and compute no samples)."""
     devices = [d for d in plan.devices if d.samples > 0 or (d.shard or 0.0) > 0]
     roles = shard_roles(devices)
+    loss_scaling = needs_loss_scaling(d.precision for d in devices)
     ranks = []
     for rank, (d, role) in enumerate(zip(devices, roles, strict=True)):
         capacity, pacing = pacing_of(d.id)
@@ -244,6 +252,7 @@ def _sharded_ranks(plan: Plan, *, preset: ModelPreset, pacing_of: PacingOf) -> l
                 capacity_bytes=capacity,
                 pacing=pacing,
                 shard=role,
+                loss_scaling=loss_scaling,
                 **_share(d),
             )
         )
