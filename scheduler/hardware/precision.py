@@ -13,9 +13,10 @@ the user.
 The catalogue gives each GPU's dense 16-bit tensor peak. The fp32 peak, which
 fp32 training runs at (PyTorch leaves TF32 matmuls off by default,
 ``torch.backends.cuda.matmul.allow_tf32``), is each vendor's datasheet fp32
-figure, kept here per GPU family (the key without its memory size) as its ratio
-to that 16-bit peak, so a spec's ``tflops`` override scales both. Pure: reads the
-catalogue, imports no torch.
+figure (the catalogue's ``fp32_tflops``), taken as its ratio to that 16-bit
+peak, so a spec's ``tflops`` override scales both. What each GPU can compute in
+follows from its catalogue ``architecture``. Pure: reads the catalogue, imports
+no torch.
 """
 
 from __future__ import annotations
@@ -45,71 +46,35 @@ class PrecisionError(HetschedError):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Architecture:
-    """What a GPU family's silicon can compute in."""
+class Capability:
+    """What a GPU's silicon can compute in, from its catalogue architecture."""
 
-    name: str
-    compute_capability: float | None
-    """NVIDIA's ``major.minor``; None for AMD."""
     bf16: bool
     fp16: bool
+    tensor_fp16: bool
+    """Has fp16 tensor cores (Volta and newer): where ``auto`` takes fp16 over fp32."""
     fp32_tflops: float
-    """Datasheet fp32 (non-tensor) peak of the catalogue's part, TFLOP/s."""
 
 
-def _nvidia(name: str, cc: float, fp32_tflops: float) -> Architecture:
-    return Architecture(
-        name=name, compute_capability=cc, bf16=cc >= 8.0, fp16=cc >= 6.0, fp32_tflops=fp32_tflops
-    )
-
-
-FAMILIES: dict[str, Architecture] = {
-    "H200": _nvidia("Hopper", 9.0, 67.0),  # H200 datasheet, SXM fp32
-    "H100": _nvidia("Hopper", 9.0, 67.0),  # H100 datasheet, SXM5 fp32
-    "H100PCIE": _nvidia("Hopper", 9.0, 51.0),  # H100 datasheet, PCIe fp32
-    "A100": _nvidia("Ampere", 8.0, 19.5),  # A100 datasheet, fp32
-    "L40S": _nvidia("Ada Lovelace", 8.9, 91.6),  # L40S datasheet
-    "A10G": _nvidia("Ampere", 8.6, 31.2),  # the A10's GA102 part (AWS gives no fp32 figure)
-    "A10": _nvidia("Ampere", 8.6, 31.2),  # A10 datasheet
-    "L4": _nvidia("Ada Lovelace", 8.9, 30.3),  # L4 datasheet
-    "V100": _nvidia("Volta", 7.0, 15.7),  # V100 datasheet, SXM2
-    "T4": _nvidia("Turing", 7.5, 8.1),  # T4 datasheet
-    "RTX4090": _nvidia("Ada Lovelace", 8.9, 82.6),  # Ada whitepaper
-    "RTX3090": _nvidia("Ampere", 8.6, 35.6),  # GA102 whitepaper
-    "RTX2080TI": _nvidia("Turing", 7.5, 13.4),  # Turing whitepaper
-    "P100": _nvidia("Pascal", 6.0, 10.6),  # P100 datasheet, SXM2
-    "K80": _nvidia("Kepler", 3.7, 4.37),  # the catalogue's per-GPU figure is fp32 already
-    "MI300X": Architecture(
-        name="CDNA3", compute_capability=None, bf16=True, fp16=True, fp32_tflops=163.4
-    ),  # MI300X datasheet, fp32 vector
-    "MI250X": Architecture(
-        name="CDNA2", compute_capability=None, bf16=True, fp16=True, fp32_tflops=47.9
-    ),  # MI250X datasheet, fp32 vector
-}
-"""GPU family (the catalogue key without ``-MEMORY``) -> its architecture."""
+NO_BF16: frozenset[str] = frozenset({"kepler", "pascal", "volta", "turing"})
+"""Architectures without bf16 arithmetic (NVIDIA before compute capability 8.0)."""
+NO_FP16_TENSOR: frozenset[str] = frozenset({"kepler", "pascal"})
+"""Architectures without fp16 tensor cores; Kepler has no fast half arithmetic at all."""
 
 UNKNOWN_FP32_RATIO = 1 / 8
-"""fp32 over 16-bit tensor peak for a catalogue entry with no family row: between
-the datacenter parts' 1/16 and the consumer parts' 1/2, as Volta's and MI300X's."""
+"""fp32 over 16-bit tensor peak for an entry whose vendor publishes no fp32 figure:
+between the datacenter parts' 1/16 and the consumer parts' 1/2."""
 
 
-def family(gpu: GpuSpec) -> str:
-    """``"A100-80GB"`` -> ``"A100"``."""
-    return gpu.key.rsplit("-", 1)[0].upper()
-
-
-def architecture(gpu: GpuSpec) -> Architecture:
-    """The family's architecture; a catalogue entry without a row is taken to be a
-    current (bf16-capable) GPU, the kind new entries describe."""
-    known = FAMILIES.get(family(gpu))
-    if known is not None:
-        return known
-    return Architecture(
-        name="unknown",
-        compute_capability=None,
-        bf16=True,
-        fp16=True,
-        fp32_tflops=gpu.peak_tflops * UNKNOWN_FP32_RATIO,
+def architecture(gpu: GpuSpec) -> Capability:
+    """What ``gpu`` can train in, read from its catalogue entry (architecture and fp32 peak)."""
+    arch = gpu.architecture
+    fp32 = gpu.fp32_tflops if gpu.fp32_tflops is not None else gpu.peak_tflops * UNKNOWN_FP32_RATIO
+    return Capability(
+        bf16=arch not in NO_BF16,
+        fp16=arch != "kepler",
+        tensor_fp16=arch not in NO_FP16_TENSOR,
+        fp32_tflops=fp32,
     )
 
 
@@ -139,8 +104,7 @@ def auto_precision(gpu: GpuSpec) -> Precision:
     arch = architecture(gpu)
     if arch.bf16:
         return "bf16"
-    cc = arch.compute_capability
-    if arch.fp16 and (cc is None or cc >= 7.0):
+    if arch.tensor_fp16:
         return "fp16"
     return "fp32"
 
@@ -158,13 +122,7 @@ def resolve(gpu: GpuSpec, requested: str, *, device: str | None = None) -> Preci
         return auto_precision(gpu)
     allowed = supported(gpu)
     if requested not in allowed:
-        arch = architecture(gpu)
-        cc = (
-            ""
-            if arch.compute_capability is None
-            else f", compute capability {arch.compute_capability}"
-        )
-        where = f"{device} ({gpu.key}{cc})" if device else f"{gpu.key}{cc}"
+        where = f"{device} ({gpu.key}, {gpu.architecture})" if device else gpu.key
         raise PrecisionError(
             f"precision: {requested} is not supported by {where}; it allows "
             f"{', '.join(allowed)} (or auto)"

@@ -49,7 +49,10 @@ def test_plan_and_simulate_refuse_an_unsupported_precision_in_one_line(capsys) -
 
 def test_plan_shows_each_devices_precision(capsys) -> None:
     args = ["--cluster", MIXED_LAB, "--model", "gpt2-small", "--global-batch", "64"]
-    code, out, _ = run_cli(capsys, "plan", *args, "--precision", "auto", "--json")
+    # even: every device computes, so each one's precision is in the plan
+    code, out, _ = run_cli(
+        capsys, "plan", *args, "--strategy", "even", "--precision", "auto", "--json"
+    )
     assert code == 0
     precisions = {d["id"]: d["precision"] for d in json.loads(out)["devices"]}
     assert precisions == {
