@@ -226,7 +226,12 @@ class CheckpointStore:
         """Write the manifest after every part, durably and in order (module docstring):
         from then on the checkpoint counts."""
         doc = {"format": FORMAT_VERSION, "step": step, "parts": parts, **manifest}
-        _commit_manifest(self.fs, f"{self._path}/step-{step:08d}", doc)
+        folder = f"{self._path}/step-{step:08d}"
+        _commit_manifest(self.fs, folder, doc)
+        for part, recorded in doc[FILES].items():  # hashed once: retention need not again
+            info = self.fs.info(f"{folder}/{part}")
+            mtime = float(info.get("mtime") or info.get("created") or 0.0)
+            self._hashes[f"{folder}/{part}", int(info["size"]), mtime] = recorded["sha256"]
         return CheckpointInfo(step=step, uri=self.step_uri(step), manifest=doc)
 
     def prune(self, keep_last: int) -> tuple[int, ...]:

@@ -3,8 +3,8 @@
 Two services on one data directory would both resume every RUNNING job, so two runners
 would write the same step rows and checkpoint folder, and the second would overwrite
 the first's Ray process record. ``hetsched serve`` therefore takes, before it touches
-anything, an exclusive ``flock`` on ``<data_dir>/serve.lock`` (and on ``<db>.serve.lock``
-beside a SQLite file that lies elsewhere) and holds it for its lifetime. The kernel
+anything, an exclusive ``flock`` on ``<data_dir>/serve.lock`` and on ``<db>.serve.lock``
+beside its SQLite file (wherever that lies), and holds them for its lifetime. The kernel
 releases a ``flock`` when its process dies, SIGKILL included, so a restart after
 ``kill -9`` never finds a stale lock. A database shared without the directory
 (PostgreSQL, MySQL on another host) is locked the same way in the database itself: a
@@ -47,8 +47,10 @@ def _holder(path: Path) -> str:
 class FileLock:
     """An exclusive ``flock`` on one file, held until :meth:`release` or the process ends."""
 
-    def __init__(self, path: Path, *, what: str) -> None:
+    def __init__(self, path: Path, *, flag: str, what: str) -> None:
         self.path = path
+        self.flag = flag
+        """The command-line flag that names what is locked (the error points at it)."""
         self.what = what
         self._fd: int | None = None
 
@@ -60,8 +62,8 @@ class FileLock:
         except BlockingIOError:
             os.close(fd)
             raise ServiceLocked(
-                f"--data-dir: another hetsched serve{_holder(self.path)} is running on "
-                f"{self.what}; stop it first, or give this one another --data-dir"
+                f"{self.flag}: another hetsched serve{_holder(self.path)} is running on "
+                f"{self.what}; stop it first, or give this one another {self.flag}"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -120,15 +122,15 @@ class ServiceLock:
     def __init__(self, settings: Settings) -> None:
         data_dir = settings.data_dir.resolve()
         self._locks: list[FileLock | DatabaseLock] = [
-            FileLock(data_dir / LOCK_NAME, what=f"the data directory {data_dir}")
+            FileLock(data_dir / LOCK_NAME, flag="--data-dir", what=f"the data directory {data_dir}")
         ]
         url = make_url(settings.database_url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            # Beside the file itself: a service whose data directory differs but whose --db
+            # names this file finds it too.
             db_file = Path(url.database).resolve()
-            if db_file.parent != data_dir:
-                self._locks.append(
-                    FileLock(db_file.with_name(db_file.name + ".serve.lock"), what=str(db_file))
-                )
+            lock_file = db_file.with_name(f"{db_file.name}.{LOCK_NAME}")
+            self._locks.append(FileLock(lock_file, flag="--db", what=f"the database {db_file}"))
         elif DatabaseLock.supported(settings.database_url):
             self._locks.append(DatabaseLock(settings.database_url))
 
