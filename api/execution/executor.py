@@ -182,7 +182,7 @@ class Executor:
             self._publish(rows, live)
             return
         if not live and len(waiting) == 1 and self._alone(waiting[0], shared_ids, rows):
-            self._publish(rows, self.ledger.jobs())
+            self._publish(rows, live)
             return
         self._share(cluster, cluster.subset(shared_ids), shared, waiting, rows, live)
 

@@ -27,7 +27,15 @@ from api.core.db import make_engine
 from api.schemas.jobs import JobCreate
 from api.store import QUEUED, JobStore
 from tests.api.conftest import make_settings
-from tests.support import JOBS, SERVE_START_S, Serve, clean_env, serve_command, wait_for
+from tests.support import (
+    JOBS,
+    SERVE_START_S,
+    TERMINAL,
+    Serve,
+    clean_env,
+    serve_command,
+    wait_for,
+)
 
 RETRY_S = 1.0
 """The live service's retry budget for a write (``HETSCHED_DB_RETRY_S``)."""
@@ -65,12 +73,17 @@ def test_a_job_alone_on_an_idle_cluster_starts_at_once_on_every_device(service: 
         job = api.post(JOBS, json={**TINY, "name": "first", "steps": 3}).json()
         seen = []
         running = wait_for(api, job["id"], lambda j: seen.append(j) or j["state"] == "RUNNING")
+        rows = [r for r in api.get("/api/v1/schedule").json()["jobs"] if r["id"] == job["id"]]
     waiting = {j["message"] for j in seen if j["state"] == "PENDING"}
     assert waiting <= {QUEUED} | {m for m in waiting if m.startswith("waiting")}, waiting
     assert _started_after_s(running) < 10.0, "it started at once (it profiles once running)"
     (start,) = running["allocations"]
     assert sorted(start["devices"]) == ["node-a/0", "node-a/1", "node-b/0", "node-b/1"]
     assert start["reason"].startswith("alone on an idle cluster: all 4 devices")
+    assert [r["status"] for r in rows] == ["running"], rows
+    with service.client() as api:  # its devices go to the next test's job
+        api.post(f"{JOBS}/{job['id']}/stop")
+        wait_for(api, job["id"], lambda j: j["state"] in TERMINAL)
 
 
 def test_a_second_service_on_the_data_directory_refuses_to_start(service: Serve) -> None:
