@@ -34,7 +34,7 @@ from api.services import (
     Profiler,
     connect_cluster,
 )
-from api.store import JobStore
+from api.store import JobStore, StoreUnavailable
 from scheduler.errors import HetschedError, PlanError
 
 log = logging.getLogger("hetsched.api")
@@ -98,6 +98,8 @@ def install_error_handlers(app: FastAPI) -> None:
         code = (
             status.HTTP_409_CONFLICT
             if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer)
+            else status.HTTP_503_SERVICE_UNAVAILABLE
+            if isinstance(exc, StoreUnavailable)
             else (status.HTTP_422_UNPROCESSABLE_CONTENT)
         )
         return JSONResponse(
@@ -131,7 +133,8 @@ def build_state(settings: Settings, cluster: ClusterHandle | None = None) -> App
     """Everything stateful, over ``cluster`` when the caller owns one already
     (connected per ``settings`` otherwise)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = JobStore(make_engine(settings.database_url))
+    engine = make_engine(settings.database_url, busy_timeout_s=settings.db_busy_timeout_s)
+    store = JobStore(engine, retry_s=settings.db_retry_s)
     interrupted = store.running()
     if interrupted:
         log.warning(

@@ -13,9 +13,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import fsspec
+from typing import TYPE_CHECKING, Any
 
 from api.core.local_ray import LocalRaySession
 from api.core.settings import Settings
@@ -31,6 +29,9 @@ from scheduler.planning.plan import Plan
 from scheduler.planning.planner import make_plan
 from scheduler.units import format_bytes
 from workers.data.datafile import DEFAULT_CORPUS, inspect_dataset
+
+if TYPE_CHECKING:  # torch loads with the workers, not with the routes
+    from workers.checkpoint import OpenCheckpoint
 
 log = logging.getLogger("hetsched.api")
 DATASET_SUFFIXES = (".txt", ".bin")
@@ -419,22 +420,32 @@ def dry_run(
     return make_plan(profile, global_batch, strategy), source
 
 
-def stream_checkpoint(uri: str, name: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-    """A checkpoint's files (any fsspec location) as a .tar.gz under the folder ``name``,
-    in pieces: a file is read ``chunk_bytes`` at a time, so a checkpoint of many
-    gigabytes never sits in the service's memory."""
-    fs, root = fsspec.core.url_to_fs(uri)
+def stream_checkpoint(
+    opened: OpenCheckpoint, name: str, chunk_bytes: int = 1 << 20
+) -> Iterator[bytes]:
+    """A checkpoint's files, already opened and pinned (:meth:`CheckpointStore.open_step`),
+    as a .tar.gz under the folder ``name``, in pieces: a file is read ``chunk_bytes`` at a
+    time, so a checkpoint of many gigabytes never sits in the service's memory. The pin
+    is dropped when the stream ends or is abandoned. A file that ends early raises, so the
+    connection breaks instead of passing a short archive off as whole."""
     gzip = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: a gzip header
-    for path in sorted(fs.find(root)):
-        info = tarfile.TarInfo(f"{name}/{path[len(root) :].lstrip('/')}")
-        info.size, info.mtime = int(fs.size(path)), int(time.time())
-        yield gzip.compress(info.tobuf())
-        with fs.open(path, "rb") as source:
-            while block := source.read(chunk_bytes):
+    try:
+        for path, size, source in opened.files:
+            info = tarfile.TarInfo(f"{name}/{path}")
+            info.size, info.mtime = size, int(time.time())
+            yield gzip.compress(info.tobuf())
+            sent = 0
+            while block := source.read(min(chunk_bytes, size - sent)):
+                sent += len(block)
                 yield gzip.compress(block)
-        yield gzip.compress(b"\0" * (-info.size % tarfile.BLOCKSIZE))  # to a whole block
-    yield gzip.compress(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end-of-archive marker
-    yield gzip.flush()
+                opened.refresh()
+            if sent != size:
+                raise OSError(f"checkpoint file {path} ended at {sent} of {size} bytes")
+            yield gzip.compress(b"\0" * (-info.size % tarfile.BLOCKSIZE))  # to a whole block
+        yield gzip.compress(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end-of-archive marker
+        yield gzip.flush()
+    finally:
+        opened.close()
 
 
 def plan_summary(plan: Plan) -> str:

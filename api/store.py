@@ -8,22 +8,26 @@ request races the executor's final write.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import statistics
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
 from api.schemas.jobs import JobCreate
 from api.states import TERMINAL_STATES, JobState
+from scheduler.errors import HetschedError
 from scheduler.planning.plan import Plan, plan_from_dict
 
 if TYPE_CHECKING:
@@ -37,6 +41,80 @@ TERMINAL = TERMINAL_STATES
 
 R = TypeVar("R", bound="DataclassInstance")
 """A record type of this module (each is a dataclass)."""
+P = ParamSpec("P")
+T = TypeVar("T")
+
+log = logging.getLogger("hetsched.store")
+DEFAULT_RETRY_S = 300.0
+"""How long a write is retried while the database is locked or unreachable."""
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 2.0
+QUEUED = "queued: waiting for the next scheduling round"
+"""A new job's reason, until the round that places it (at most a couple of seconds)."""
+SEQ_ATTEMPTS = 20
+"""Submissions that may race one another for the next queue place before one gives up."""
+
+
+class StoreUnavailable(HetschedError):
+    """A write did not land within the store's retry budget (the database stayed locked
+    or unreachable); the message says what, for how long, and the database's error."""
+
+
+def _transient(exc: DBAPIError) -> bool:
+    """A locked SQLite file, a dropped connection, a serialization failure: worth a retry."""
+    return isinstance(exc, OperationalError) or bool(exc.connection_invalidated)
+
+
+def _retrying(write: Callable[P, T]) -> Callable[P, T]:
+    """Run a :class:`JobStore` write again, with back-off, while the database fails it
+    transiently, for up to the store's ``retry_s``; then :class:`StoreUnavailable`.
+
+    Each attempt is one whole transaction, so a retry never half-repeats a write.
+    """
+
+    @functools.wraps(write)
+    def retried(*args: P.args, **kwargs: P.kwargs) -> T:
+        store = args[0]
+        assert isinstance(store, JobStore)
+        started = time.monotonic()
+        pause_s, attempts = BACKOFF_FIRST_S, 0
+        while True:
+            try:
+                result = write(*args, **kwargs)
+            except DBAPIError as exc:
+                if not _transient(exc):
+                    raise
+                attempts += 1
+                waited_s = time.monotonic() - started
+                reason = _one_line(exc.orig if exc.orig is not None else exc)
+                if waited_s >= store.retry_s:
+                    log.error("%s: gave up after %.1f s: %s", write.__name__, waited_s, reason)
+                    raise StoreUnavailable(
+                        f"database: {write.__name__} did not land in {waited_s:.0f} s "
+                        f"({attempts} attempts): {reason}"
+                    ) from exc
+                if attempts == 1:
+                    log.warning(
+                        "%s: %s; retrying for up to %.0f s", write.__name__, reason, store.retry_s
+                    )
+                time.sleep(min(pause_s, max(0.0, store.retry_s - waited_s)))
+                pause_s = min(pause_s * 2, BACKOFF_MAX_S)
+                continue
+            if attempts:
+                log.warning(
+                    "%s: landed after %d retries (%.1f s)",
+                    write.__name__,
+                    attempts,
+                    time.monotonic() - started,
+                )
+            return result
+
+    return retried
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def now() -> datetime:
@@ -114,6 +192,8 @@ class CheckpointRecord:
     step: int
     uri: str
     created_at: datetime
+    pruned_at: datetime | None = None
+    """When retention removed it; None while it is kept."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -157,8 +237,10 @@ class JobStore:
     frozen records, never rows.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, retry_s: float = DEFAULT_RETRY_S) -> None:
         self.engine = engine
+        self.retry_s = retry_s
+        """Writes are retried this long while the database is locked or unreachable."""
         self._session = sessionmaker(engine, expire_on_commit=False)
 
     def _tx(self) -> AbstractContextManager[Session]:
@@ -166,6 +248,7 @@ class JobStore:
 
     # --- jobs ----------------------------------------------------------------
 
+    @_retrying
     def create_job(
         self,
         *,
@@ -174,39 +257,41 @@ class JobStore:
         spec: JobCreate,
         submission_id: str | None,
     ) -> tuple[JobRecord, bool]:
-        """Store a PENDING job; with a known ``submission_id`` return that job instead.
+        """Store a PENDING job at the end of the queue; with a known ``submission_id``
+        return that job instead. Returns ``(job, created)``.
 
-        Returns ``(job, created)``.
+        The queue place is the next after the highest in the same INSERT (one statement,
+        so SQLite serialises it), and unique in the schema: where two writers still
+        collide (two services on PostgreSQL), the loser takes the next place.
         """
-        if submission_id is not None:
-            existing = self.get_by_submission(submission_id)
-            if existing is not None:
-                return existing, False
-        row = JobRow(
-            id=uuid.uuid4().hex[:12],
-            name=name,
-            model_name=model_name,
-            submission_id=submission_id,
-            spec_json=spec.model_dump_json(),
-            state=PENDING,
-            message="queued",
-            devices_json="[]",
-            steps_done=0,
-            stop_requested=False,
-            created_at=now(),
-        )
-        try:
-            with self._tx() as session:
-                row.seq = (session.scalar(select(func.max(JobRow.seq))) or 0) + 1
-                session.add(row)
-        except IntegrityError:
-            # Two submissions with one submission_id raced; the other one won.
+        for _ in range(SEQ_ATTEMPTS):
             if submission_id is not None:
                 existing = self.get_by_submission(submission_id)
                 if existing is not None:
                     return existing, False
-            raise
-        return _job(row), True
+            row = JobRow(
+                id=uuid.uuid4().hex[:12],
+                name=name,
+                model_name=model_name,
+                submission_id=submission_id,
+                spec_json=spec.model_dump_json(),
+                state=PENDING,
+                message=QUEUED,
+                devices_json="[]",
+                steps_done=0,
+                stop_requested=False,
+                created_at=now(),
+            )
+            row.seq = select(func.coalesce(func.max(JobRow.seq), 0) + 1).scalar_subquery()  # type: ignore[assignment]
+            try:
+                with self._tx() as session:
+                    session.add(row)
+            except IntegrityError:
+                continue  # a racing submission took this place (or this submission_id)
+            return _job(row), True
+        raise StoreUnavailable(
+            f"database: no free queue place after {SEQ_ATTEMPTS} attempts (submissions racing)"
+        )
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._tx() as session:
@@ -246,6 +331,7 @@ class JobStore:
             counts.update({state: int(n) for state, n in rows})
             return counts
 
+    @_retrying
     def _transition(self, job_id: str, from_states: Iterable[JobState], **values: Any) -> bool:
         with self._tx() as session:
             result = session.execute(
@@ -301,6 +387,7 @@ class JobStore:
         self._transition(job_id, [RUNNING], stop_requested=True, message="stop requested")
         return self.get(job_id)
 
+    @_retrying
     def delete(self, job_id: str) -> bool:
         """Delete a terminal job and its metrics and logs; False when it is not terminal."""
         with self._tx() as session:
@@ -324,6 +411,7 @@ class JobStore:
 
     # --- what changed a running job, and its checkpoints -------------------------
 
+    @_retrying
     def add_event(self, job_id: str, *, kind: str, step: int, data: dict[str, Any]) -> None:
         with self._tx() as session:
             session.add(
@@ -347,28 +435,41 @@ class JobStore:
             counts.update({kind: int(n) for kind, n in rows})
             return counts
 
+    @_retrying
     def add_checkpoint(self, job_id: str, *, step: int, uri: str, keep: list[int]) -> None:
-        """Record a checkpoint; forget those no longer kept (retention removed them)."""
+        """Record a checkpoint; those no longer kept (retention removed them) are marked
+        pruned, so a download of one answers 410, not 404."""
         with self._tx() as session:
             session.merge(CheckpointRow(job_id=job_id, step=step, uri=uri, created_at=now()))
             session.execute(
-                delete(CheckpointRow).where(
-                    CheckpointRow.job_id == job_id, CheckpointRow.step.not_in(keep)
+                update(CheckpointRow)
+                .where(
+                    CheckpointRow.job_id == job_id,
+                    CheckpointRow.step.not_in(keep),
+                    CheckpointRow.pruned_at.is_(None),
                 )
+                .values(pruned_at=now())
             )
 
     def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
-        """Newest last."""
+        """The kept ones, newest last."""
         with self._tx() as session:
             rows = session.scalars(
                 select(CheckpointRow)
-                .where(CheckpointRow.job_id == job_id)
+                .where(CheckpointRow.job_id == job_id, CheckpointRow.pruned_at.is_(None))
                 .order_by(CheckpointRow.step)
             )
             return [_from_row(CheckpointRecord, r) for r in rows]
 
+    def checkpoint(self, job_id: str, step: int) -> CheckpointRecord | None:
+        """Checkpoint ``step`` of the job, kept or pruned; None when it never had one."""
+        with self._tx() as session:
+            row = session.get(CheckpointRow, (job_id, step))
+            return _from_row(CheckpointRecord, row) if row is not None else None
+
     # --- steps and logs --------------------------------------------------------
 
+    @_retrying
     def add_step(
         self,
         job_id: str,
@@ -415,6 +516,7 @@ class JobStore:
             )
             return [_from_row(StepRecord, r, devices=json.loads(r.devices_json)) for r in rows]
 
+    @_retrying
     def log(self, job_id: str, level: str, message: str) -> None:
         with self._tx() as session:
             session.add(LogRow(job_id=job_id, time=now(), level=level, message=message))
@@ -428,6 +530,7 @@ class JobStore:
 
     # --- profiles --------------------------------------------------------------
 
+    @_retrying
     def save_profile(
         self, *, key: str, model: str, cluster: str, source: str, profile: dict[str, Any]
     ) -> ProfileRecord:

@@ -14,10 +14,18 @@ every Ray node can reach, as Ray Train's ``storage_path``)::
     ROOT/step-00000042/manifest.json            written last
 
 Each writing rank (data parallelism: rank 0; pipelines: the stages of
-pipeline 0, in parallel) writes its own part; the driver writes the
-manifest only after every part is in place, so a crash mid-write leaves a
-directory without a manifest, which is never loaded, and the previous
-checkpoint stays the latest. ``keep_last`` complete checkpoints are kept.
+pipeline 0, in parallel) writes its own part and fsyncs it; the driver then
+reads every part back for its size and SHA-256, fsyncs the parts, writes the
+manifest (with those sizes and hashes) to a temporary name, fsyncs it,
+renames it into place and fsyncs the folder, in that order, so the manifest
+never reaches the disk before what it describes. A checkpoint counts only
+once verified (:meth:`CheckpointStore.complete`): its manifest in place and
+every part of the size and hash the manifest records. A crash or a power
+loss mid-write leaves one that is never loaded, with a log line saying why,
+and the previous verified checkpoint stays the latest. ``keep_last``
+verified checkpoints are kept; one being downloaded is pinned
+(:meth:`CheckpointStore.open_step`) and retention leaves it until the
+download ends.
 
 Names: the tied GPT head (``head.weight``) is the token embedding
 (``embed.wte.weight``) and is stored once under that name; a pipeline stage
@@ -27,11 +35,17 @@ is a parameter of its own.)
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
+import os
 import re
+import time
+import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import fsspec
 import torch
@@ -40,15 +54,72 @@ from safetensors.torch import save as save_tensors
 
 from workers.errors import WorkerError
 
+log = logging.getLogger("hetsched.checkpoint")
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+FILES = "files"
+"""The manifest's key for each part's ``{"bytes": N, "sha256": HEX}``."""
+PINS = ".pins"
+"""``ROOT/.pins/step-NNNNNNNN.TOKEN``: a reader of that step; retention leaves it."""
+PIN_STALE_S = 600.0
+"""A pin not refreshed for this long is a reader that died; retention ignores it."""
+PIN_REFRESH_S = 30.0
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+_READ_BYTES = 1 << 20
 TIED = {"head.weight": "embed.wte.weight"}
 """Local parameter name -> the whole-model name it is stored under."""
 
 
 def global_name(local: str) -> str:
     return TIED.get(local, local)
+
+
+def _is_local(fs: Any) -> bool:
+    return "file" in fs.protocol if isinstance(fs.protocol, tuple) else fs.protocol == "file"
+
+
+def _fsync(fs: Any, path: str) -> None:
+    """Make a local file or directory durable (an object store's write is, once it returns)."""
+    if not _is_local(fs):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(fs: Any, path: str, data: bytes) -> None:
+    with fs.open(path, "wb") as f:
+        f.write(data)
+        if _is_local(fs):
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _digest(fs: Any, path: str) -> dict[str, Any]:
+    """``{"bytes": size, "sha256": hex}`` of a stored file, read in pieces."""
+    sha, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as f:
+        while block := f.read(_READ_BYTES):
+            sha.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": sha.hexdigest()}
+
+
+def _commit_manifest(fs: Any, folder: str, doc: dict[str, Any]) -> None:
+    """Parts, then manifest, then folder, each durable before the next: the manifest
+    names only parts already on disk, with their sizes and hashes."""
+    files = {}
+    for part in doc["parts"]:
+        _fsync(fs, f"{folder}/{part}")
+        files[part] = _digest(fs, f"{folder}/{part}")
+    doc[FILES] = files
+    path = f"{folder}/{MANIFEST}"
+    _write_durably(fs, f"{path}.tmp", json.dumps(doc, indent=2).encode())
+    fs.mv(f"{path}.tmp", path)
+    _fsync(fs, folder)
+    _fsync(fs, folder.rsplit("/", 1)[0])  # the folder's own entry in the job's root
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,85 +132,200 @@ class CheckpointInfo:
     manifest: dict[str, Any]
 
 
+@dataclass(kw_only=True, slots=True)
+class OpenCheckpoint:
+    """One step's files, opened for a download and pinned against retention until
+    :meth:`close`: ``(name relative to the step, size, open file)``, sorted by name."""
+
+    files: list[tuple[str, int, IO[bytes]]]
+    pin: str
+    fs: Any
+    _touched: float = field(default_factory=time.monotonic)
+
+    def refresh(self) -> None:
+        """Tell retention the reader is still there (cheap; at most every PIN_REFRESH_S)."""
+        if time.monotonic() - self._touched >= PIN_REFRESH_S:
+            self.fs.touch(self.pin, truncate=True)
+            self._touched = time.monotonic()
+
+    def close(self) -> None:
+        for _, _, f in self.files:
+            f.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.pin)
+
+
 class CheckpointStore:
     """The checkpoints of one job under ``root`` (a path or fsspec URI)."""
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self.fs, self._path = fsspec.core.url_to_fs(self.root)
+        self.skipped: dict[int, str] = {}
+        """Step -> why its checkpoint is not loaded (torn, corrupt), as of :meth:`complete`."""
+        self._hashes: dict[tuple[str, int, float], str] = {}
+        """(part path, size, mtime) -> SHA-256 already read: a part is hashed once."""
 
     def step_uri(self, step: int) -> str:
         return f"{self.root}/step-{step:08d}"
 
     def complete(self) -> list[CheckpointInfo]:
-        """Checkpoints whose manifest is in place, oldest first."""
+        """Verified checkpoints, oldest first: the manifest in place and every part of the
+        size and hash it records. The others are left out, each with its reason in
+        :attr:`skipped` and a log line."""
         if not self.fs.exists(self._path):
             return []
-        out = []
+        out, skipped = [], {}
         for entry in sorted(self.fs.ls(self._path, detail=False)):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            match = _STEP_DIR.match(name)
+            match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
             if match is None:
                 continue
-            manifest_path = f"{entry.rstrip('/')}/{MANIFEST}"
-            if not self.fs.exists(manifest_path):
-                continue  # torn: a crash before the manifest
-            try:
-                with self.fs.open(manifest_path, "r") as f:
-                    manifest = json.load(f)
-            except (OSError, ValueError):
+            step = int(match.group(1))
+            manifest, why = self._verified(entry.rstrip("/"))
+            if manifest is None:
+                skipped[step] = why
+                if self.skipped.get(step) != why:
+                    log.warning("checkpoint of step %d in %s skipped: %s", step, self.root, why)
                 continue
-            out.append(
-                CheckpointInfo(
-                    step=int(match.group(1)),
-                    uri=self.step_uri(int(match.group(1))),
-                    manifest=manifest,
-                )
-            )
+            out.append(CheckpointInfo(step=step, uri=self.step_uri(step), manifest=manifest))
+        self.skipped = skipped
         return out
+
+    def _verified(self, folder: str) -> tuple[dict[str, Any] | None, str]:
+        """The folder's manifest if it and its parts check out; else None and why not."""
+        path = f"{folder}/{MANIFEST}"
+        if not self.fs.exists(path):
+            return None, f"no {MANIFEST} (a crash while it was written)"
+        try:
+            with self.fs.open(path, "r") as f:
+                manifest = json.load(f)
+        except (OSError, ValueError) as exc:
+            return None, f"{MANIFEST} cannot be read ({exc})"
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+            return None, f"{MANIFEST} lists no parts"
+        why = verify_parts(self.fs, folder, manifest, self._hashes)
+        return (None, why) if why else (manifest, "")
 
     def latest(self) -> CheckpointInfo | None:
         done = self.complete()
         return done[-1] if done else None
 
     def get(self, step: int) -> CheckpointInfo:
-        for info in self.complete():
+        done = self.complete()
+        for info in done:
             if info.step == step:
                 return info
-        steps = ", ".join(str(c.step) for c in self.complete()) or "none"
+        if step in self.skipped:
+            raise WorkerError(f"checkpoint: step {step} cannot be loaded: {self.skipped[step]}")
+        steps = ", ".join(str(c.step) for c in done) or "none"
         raise WorkerError(f"checkpoint: no complete checkpoint at step {step}; have {steps}")
 
     def commit(
         self, step: int, parts: dict[str, list[str]], manifest: dict[str, Any]
     ) -> CheckpointInfo:
-        """Write the manifest after every part (the checkpoint then counts)."""
+        """Write the manifest after every part, durably and in order (module docstring):
+        from then on the checkpoint counts."""
         doc = {"format": FORMAT_VERSION, "step": step, "parts": parts, **manifest}
-        path = f"{self._path}/step-{step:08d}/{MANIFEST}"
-        tmp = f"{path}.tmp"
-        with self.fs.open(tmp, "w") as f:
-            json.dump(doc, f, indent=2)
-        self.fs.mv(tmp, path)
+        folder = f"{self._path}/step-{step:08d}"
+        _commit_manifest(self.fs, folder, doc)
+        for part, recorded in doc[FILES].items():  # hashed once: retention need not again
+            info = self.fs.info(f"{folder}/{part}")
+            mtime = float(info.get("mtime") or info.get("created") or 0.0)
+            self._hashes[f"{folder}/{part}", int(info["size"]), mtime] = recorded["sha256"]
         return CheckpointInfo(step=step, uri=self.step_uri(step), manifest=doc)
 
     def prune(self, keep_last: int) -> tuple[int, ...]:
-        """Keep the newest ``keep_last`` complete checkpoints; drop older and torn ones.
+        """Keep the newest ``keep_last`` verified checkpoints; drop older and torn ones,
+        but none a download has pinned (it goes at a later prune).
 
-        Returns the steps of the complete checkpoints kept, oldest first.
+        Returns the steps of the verified checkpoints kept, oldest first.
         """
         done = self.complete()
         keep = {c.step for c in done[-keep_last:]} if keep_last > 0 else set()
         newest = done[-1].step if done else -1
         if not self.fs.exists(self._path):
             return ()
+        verified = {c.step for c in done}
+        pinned = self.pinned()
         for entry in self.fs.ls(self._path, detail=False):
             match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
             if match is None:
                 continue
             step = int(match.group(1))
-            torn_and_old = step < newest and step not in {c.step for c in done}
-            if (step not in keep and step in {c.step for c in done}) or torn_and_old:
+            torn_and_old = step < newest and step not in verified
+            if ((step not in keep and step in verified) or torn_and_old) and step not in pinned:
                 self.fs.rm(entry, recursive=True)
         return tuple(sorted(keep))
+
+    def pinned(self) -> set[int]:
+        """Steps a live download reads (a pin refreshed within PIN_STALE_S)."""
+        pins = f"{self._path}/{PINS}"
+        if not self.fs.exists(pins):
+            return set()
+        out = set()
+        for info in self.fs.ls(pins, detail=True):
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            match = _STEP_DIR.match(name.split(".", 1)[0])
+            mtime = info.get("mtime") or info.get("created") or 0.0
+            if match is not None and time.time() - float(mtime) < PIN_STALE_S:
+                out.add(int(match.group(1)))
+        return out
+
+    def open_step(self, step: int) -> OpenCheckpoint | None:
+        """Pin step ``step`` and open every file of it, or None when it is gone (or torn).
+
+        Pinned first, then checked, then opened: a prune that raced the pin either ran
+        before the check (None: the caller answers 410, not a truncated download) or
+        sees the pin and leaves the files. On a local disk an open file also outlives
+        its deletion.
+        """
+        folder = f"{self._path}/step-{step:08d}"
+        pin = f"{self._path}/{PINS}/step-{step:08d}.{uuid.uuid4().hex[:12]}"
+        self.fs.makedirs(f"{self._path}/{PINS}", exist_ok=True)
+        self.fs.touch(pin)
+        files: list[tuple[str, int, IO[bytes]]] = []
+        try:
+            if not self.fs.exists(f"{folder}/{MANIFEST}"):
+                raise FileNotFoundError(folder)
+            for path in sorted(self.fs.find(folder)):
+                name = path[len(folder) :].lstrip("/")
+                handle = self.fs.open(path, "rb")
+                files.append((name, int(self.fs.size(path)), handle))
+        except FileNotFoundError:
+            OpenCheckpoint(files=files, pin=pin, fs=self.fs).close()
+            return None
+        return OpenCheckpoint(files=files, pin=pin, fs=self.fs)
+
+
+def verify_parts(
+    fs: Any,
+    folder: str,
+    manifest: Mapping[str, Any],
+    hashes: dict[tuple[str, int, float], str] | None = None,
+) -> str:
+    """Why the parts in ``folder`` do not match ``manifest`` ("" when they do): one
+    missing, or of another size or SHA-256 than recorded (a manifest written before
+    sizes were recorded is checked for its parts' presence only)."""
+    recorded = manifest.get(FILES) or {}
+    cache = hashes if hashes is not None else {}
+    for part in manifest["parts"]:
+        path = f"{folder}/{part}"
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return f"{part} is missing"
+        want = recorded.get(part)
+        if not isinstance(want, Mapping):
+            continue
+        size = int(info.get("size") or 0)
+        if size != want.get("bytes"):
+            return f"{part} has {size} bytes, the manifest says {want.get('bytes')} (torn)"
+        key = (path, size, float(info.get("mtime") or info.get("created") or 0.0))
+        if key not in cache:
+            cache[key] = _digest(fs, path)["sha256"]
+        if cache[key] != want.get("sha256"):
+            return f"{part}'s SHA-256 differs from the manifest's (corrupt)"
+    return ""
 
 
 def write_weights(
@@ -166,8 +352,7 @@ def write_weights(
         **manifest,
     }
     fs, path = fsspec.core.url_to_fs(uri)
-    with fs.open(f"{path}/{MANIFEST}", "w") as f:
-        json.dump(doc, f, indent=2)
+    _commit_manifest(fs, path.rstrip("/"), doc)
     return CheckpointInfo(step=-1, uri=uri.rstrip("/"), manifest=doc)
 
 
@@ -220,8 +405,7 @@ def write_part(uri: str, part: str, tensors: dict[str, torch.Tensor]) -> list[st
     """Write one rank's part file; returns the names it holds."""
     fs, path = fsspec.core.url_to_fs(uri)
     fs.makedirs(path, exist_ok=True)
-    with fs.open(f"{path}/{part}", "wb") as f:
-        f.write(save_tensors(tensors))
+    _write_durably(fs, f"{path}/{part}", save_tensors(tensors))
     return sorted(tensors)
 
 

@@ -11,6 +11,8 @@
     hetsched serve --policy fifo            first come, first served (default: goodput)
 
 Flags override the ``HETSCHED_*`` environment variables of :class:`api.core.settings.Settings`.
+One service per data directory and database: a second ``serve`` on either stops at
+once with one line saying which process holds it (:mod:`api.core.lock`).
 A Ray cluster with token authentication (``ray start`` turns it on) needs its
 token in ``RAY_AUTH_TOKEN`` (or a file named by ``RAY_AUTH_TOKEN_PATH``, or
 ``~/.ray/auth_token``); without it, or with a wrong one, ``serve`` stops at
@@ -133,12 +135,21 @@ def check_exposure(host: str, *, token: str | None, insecure_no_token: bool) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.core.lock import ServiceLock
+
+    settings = settings_from_args(args)
+    check_exposure(settings.host, token=settings.token, insecure_no_token=args.insecure_no_token)
+    # Held until the process ends (the kernel drops it even on kill -9): a second service on
+    # this data directory or database stops here, before it reads a job or touches Ray.
+    with ServiceLock(settings):
+        return _serve(settings)
+
+
+def _serve(settings: Any) -> int:
     import uvicorn
 
     from api.app import create_app
 
-    settings = settings_from_args(args)
-    check_exposure(settings.host, token=settings.token, insecure_no_token=args.insecure_no_token)
     if not settings.ray_address:
         load_cluster(settings.cluster_file)  # a bad spec is a one-line error, not a dead service
     else:

@@ -7,35 +7,63 @@ The format itself (a manifest and safetensors parts by global parameter name) is
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset, preset_from_dict
-from workers.checkpoint import MANIFEST, CheckpointInfo, CheckpointStore, read_tensors
+from workers.checkpoint import (
+    MANIFEST,
+    CheckpointInfo,
+    CheckpointStore,
+    read_tensors,
+    verify_parts,
+)
 
 
 def find_in_directory(path: Path) -> CheckpointInfo:
-    """The checkpoint of a step directory, or the latest under a job's root."""
-    one_step = re.fullmatch(r"step-\d{8}", path.name) or (path / MANIFEST).exists()
-    checkpoints = CheckpointStore(str(path.parent if one_step else path))
-    if one_step:
-        step = int(path.name.removeprefix("step-"))
-        found = [c for c in checkpoints.complete() if c.step == step]
-        if not found:
-            raise HetschedError(
-                f"checkpoint: {path} has no {MANIFEST}; it is torn (a crash while it was "
-                "written) and cannot be exported"
-            )
-        return found[0]
+    """The checkpoint of one step's directory (under any name: a download unpacks as
+    ``JOB-step-NNNNNNNN/``), or the latest under a job's root."""
+    if (path / MANIFEST).exists():
+        return read_step_directory(path)
+    if re.fullmatch(r"step-\d{8}", path.name):
+        raise HetschedError(
+            f"checkpoint: {path} has no {MANIFEST}; it is torn (a crash while it was "
+            "written) and cannot be exported"
+        )
+    checkpoints = CheckpointStore(str(path))
     info = checkpoints.latest()
     if info is None:
-        torn = sorted(p.name for p in path.glob("step-*"))
-        what = f"only torn ones ({', '.join(torn)}: no {MANIFEST})" if torn else "none"
+        torn = [f"step-{s:08d}: {why}" for s, why in sorted(checkpoints.skipped.items())]
+        what = f"only torn ones ({'; '.join(torn)})" if torn else "none"
         raise HetschedError(f"checkpoint: {path} holds no complete checkpoint; {what}")
     return info
+
+
+def read_step_directory(path: Path) -> CheckpointInfo:
+    """One checkpoint's directory, its manifest read and its parts verified."""
+    where = path / MANIFEST
+    try:
+        manifest = json.loads(where.read_text())
+    except OSError as exc:
+        raise HetschedError(f"checkpoint: cannot read {where}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise HetschedError(f"checkpoint: {where} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+        raise HetschedError(f"checkpoint: {where} is not a hetsched manifest (no 'parts')")
+    step = manifest.get("step")
+    if not isinstance(step, int):
+        raise HetschedError(f"checkpoint: {where} has no integer 'step'")
+    fs, root = fsspec.core.url_to_fs(str(path))
+    why = verify_parts(fs, root, manifest)
+    if why:
+        raise HetschedError(f"checkpoint: {path} cannot be exported: {why}")
+    return CheckpointInfo(step=step, uri=str(path), manifest=manifest)
 
 
 def read_durable(info: CheckpointInfo) -> tuple[ModelPreset, dict[str, Any]]:

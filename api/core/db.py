@@ -47,8 +47,8 @@ class JobRow(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    seq: Mapped[int] = mapped_column(BigInteger, index=True)
-    """Submission order (the queue order)."""
+    seq: Mapped[int] = mapped_column(BigInteger, index=True, unique=True)
+    """Submission order (the queue order); unique, so no two jobs share a place."""
     name: Mapped[str] = mapped_column(String(100))
     model_name: Mapped[str] = mapped_column(String(100))
     submission_id: Mapped[str | None] = mapped_column(String(128), unique=True, nullable=True)
@@ -126,13 +126,16 @@ class CheckpointRow(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     uri: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    """When retention removed it (its download then answers 410); NULL while kept."""
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, busy_timeout_s: float = 30.0) -> Engine:
     """An engine for ``url``, its schema migrated to the newest revision (api/core/migrate.py);
-    SQLite gets WAL and foreign keys."""
+    SQLite gets WAL and foreign keys, and waits ``busy_timeout_s`` for another connection's
+    lock before a statement fails (the job store then retries, :mod:`api.store`)."""
     is_sqlite = url.startswith("sqlite")
-    connect_args = {"check_same_thread": False, "timeout": 30} if is_sqlite else {}
+    connect_args = {"check_same_thread": False, "timeout": busy_timeout_s} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
 

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     """Seconds between scheduling rounds besides those on submit, completion and stop."""
     reallocation_s: float = Field(default=30.0, ge=0, le=86400)
     """What the policy charges a running job's move (checkpoint, restart, re-plan)."""
+    db_retry_s: float = Field(default=300.0, ge=0, le=86400)
+    """How long a write to the job store is retried, with back-off, while the database is
+    locked or unreachable, before the job it was for fails (its final state is retried
+    until it lands)."""
+    db_busy_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """SQLite: how long one attempt waits for another connection's lock to go."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 

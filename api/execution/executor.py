@@ -8,6 +8,7 @@ and each started job runs in a thread of its own (:mod:`api.execution.job_runner
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from api.execution.scheduling import (
 )
 from api.services import ClusterHandle, Profiler
 from api.states import JobState
-from api.store import FAILED, STOPPED, SUCCEEDED, JobRecord, JobStore
+from api.store import FAILED, STOPPED, SUCCEEDED, JobRecord, JobStore, StoreUnavailable
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster
 from scheduler.policy.decide import decide
@@ -38,6 +39,8 @@ ARRIVAL_GRACE_S = 0.3
 """A round waits until no wake came for this long (at most ``ARRIVAL_MAX_S``), so jobs
 submitted together are decided together."""
 ARRIVAL_MAX_S = 2.0
+FINISH_RETRY_S = 1.0
+"""Pause between attempts at a job's final state once the store's own retries gave up."""
 
 
 class Executor:
@@ -90,6 +93,7 @@ class Executor:
             if not devices and self.handle.cluster is not None:
                 devices = self.handle.cluster.ids
             live = self.ledger.resume(job.id, devices, pinned=job.pinned)
+            live.steps_done = job.steps_done  # what it did before: a stop now says so
             self._thread_for(job, live, resume=True)
         self._thread = threading.Thread(target=self._loop, name="hetsched-dispatch", daemon=True)
         self._thread.start()
@@ -108,8 +112,9 @@ class Executor:
     def wake(self) -> None:
         self._wake.set()
 
-    def request_stop(self, job_id: str) -> None:
-        self.ledger.stop(job_id)
+    def request_stop(self, job_id: str) -> bool:
+        """Tell the job's runner to stop after its step; False when no runner has it."""
+        return self.ledger.stop(job_id)
 
     # --- what is running -----------------------------------------------------------
 
@@ -176,7 +181,33 @@ class Executor:
         if not shared_ids or (all(j.pinned for j in shared) and not waiting):
             self._publish(rows, live)
             return
+        if not live and len(waiting) == 1 and self._alone(waiting[0], shared_ids, rows):
+            self._publish(rows, live)
+            return
         self._share(cluster, cluster.subset(shared_ids), shared, waiting, rows, live)
+
+    def _alone(self, job: JobRecord, device_ids: list[str], rows: list[ScheduledJob]) -> bool:
+        """A job alone on an idle cluster starts at once on every device it may use: no
+        policy choice to make, and its own plan (from its profile, measured as it starts)
+        keeps the devices that speed it up and hands back the others. False when it bounds
+        its device count below the cluster's, so the policy must choose which."""
+        spec = job.spec
+        if spec.max_devices is not None and spec.max_devices < len(device_ids):
+            return False
+        if spec.min_devices > len(device_ids):
+            return False
+        reason = (
+            f"alone on an idle cluster: all {len(device_ids)} devices; "
+            "its plan keeps those that help it"
+        )
+        if not self._start(job, device_ids, reason=reason):
+            return False
+        rows.append(
+            ScheduledJob.of(
+                job, "running", held=tuple(device_ids), devices=tuple(device_ids), reason=reason
+            )
+        )
+        return True
 
     def _share(
         self,
@@ -190,7 +221,7 @@ class Executor:
         """Let the policy share ``sub`` (of ``cluster``) among ``shared`` and ``waiting`` jobs."""
         records = {j.job_id: self.store.get(j.job_id) for j in shared}
         demands = self._demands(sub, shared, records, waiting)
-        self._measure(demands, idle=not live)
+        self._measure(demands, waiting, idle=not live)
         allocation = decide(
             sub,
             demands,
@@ -236,8 +267,9 @@ class Executor:
     def _lost(self) -> set[str]:
         return self.handle.pool.lost() if self.handle.pool is not None else set()
 
-    def _measure(self, demands: list[JobDemand], *, idle: bool) -> None:
-        """Use measured rates for each model; on an idle cluster, measure it first (cached)."""
+    def _measure(self, demands: list[JobDemand], waiting: list[JobRecord], *, idle: bool) -> None:
+        """Use measured rates for each model; on an idle cluster, measure it first (cached),
+        and the jobs that wait for it say so."""
         cluster = self.handle.cluster
         assert cluster is not None
         for name in {d.model for d in demands}:
@@ -247,6 +279,9 @@ class Executor:
             record = self.store.get(job.name)
             if record is None:
                 continue
+            for other in waiting:
+                if self.demands.model_of(other)[0] == name:
+                    self._wait(other, f"waiting: profiling the devices for {name} to place it")
             try:
                 model = self.demands.model_of(record)[1]
                 lost = self._lost()
@@ -414,6 +449,8 @@ class Executor:
     def _run(self, job: JobRecord, live: LiveJob, resume: bool = False) -> None:
         try:
             state, message = self._train(job, live, resume)
+        except StoreUnavailable as exc:  # a database stall outlasted the store's retries
+            state, message = FAILED, f"failed after {live.steps_done} steps: {exc}"
         except HetschedError as exc:
             state, message = FAILED, str(exc)
         except Exception as exc:  # a runtime bug must still end the job with a reason
@@ -421,11 +458,32 @@ class Executor:
             state, message = FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
             self.demands.forget(job.id)
+        try:
+            if state is not None:  # None: shutting down, left RUNNING for the restart to resume
+                self._finish(job.id, state, message)
+        finally:
+            # Only now: while it holds its devices, a stop reaches this runner, not a dead job.
             self.ledger.remove(job.id)
-        if state is None:
-            return  # shutting down: left RUNNING for the restart to report
-        if self.store.finish(job.id, state, message):
-            self.store.log(job.id, "ERROR" if state == FAILED else "INFO", f"{state}: {message}")
+
+    def _finish(self, job_id: str, state: JobState, message: str) -> None:
+        """The job's final state, retried until it lands: a job the database stalled must
+        not stay RUNNING with no runner. Gives up only when the service shuts down (the
+        job then stays RUNNING, and the next start resumes it)."""
+        while True:
+            try:
+                finished = self.store.finish(job_id, state, message)
+                break
+            except StoreUnavailable as exc:
+                if self._closing.is_set():
+                    log.error("job %s: shutting down before %s landed: %s", job_id, state, exc)
+                    return
+                log.error("job %s: %s did not land yet (%s); retrying", job_id, state, exc)
+                self._closing.wait(FINISH_RETRY_S)
+        if finished:
+            with contextlib.suppress(StoreUnavailable):
+                self.store.log(
+                    job_id, "ERROR" if state == FAILED else "INFO", f"{state}: {message}"
+                )
 
     def _train(self, job: JobRecord, live: LiveJob, resume: bool) -> tuple[JobState | None, str]:
         self._check_stop(job.id, live)

@@ -169,6 +169,8 @@ class JobRunner:
 
         if resume:
             latest = checkpoints.latest()
+            for step, why in sorted(checkpoints.skipped.items()):
+                self.store.log(job.id, "WARNING", f"checkpoint of step {step} skipped: {why}")
             where = (
                 f"its checkpoint of step {latest.step}" if latest else "the start (no checkpoint)"
             )

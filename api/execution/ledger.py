@@ -112,13 +112,15 @@ class DeviceLedger:
             self._changed.notify_all()
         self._on_release()
 
-    def stop(self, job_id: str) -> None:
-        """Ask the job to stop after its current step (a parked job stops at once)."""
+    def stop(self, job_id: str) -> bool:
+        """Ask the job to stop after its current step (a parked job stops at once);
+        False when no runner has it."""
         with self._lock:
             live = self._jobs.get(job_id)
             if live is not None:
                 live.stop.set()
             self._changed.notify_all()
+            return live is not None
 
     def close(self) -> list[LiveJob]:
         """Stop every job (the service shuts down); returns them, to wait for."""

@@ -30,6 +30,7 @@ from api.services import (
     stream_checkpoint,
 )
 from api.states import JobState
+from api.store import JobRecord
 from api.views import job_public
 from scheduler.hardware.precision import device_precisions
 from scheduler.models.presets import check_trainable
@@ -49,21 +50,24 @@ ERRORS = {
     status_code=status.HTTP_201_CREATED,
     dependencies=[Auth],
     responses={
-        200: {"model": JobPublic, "description": "Known submission_id"},
+        200: {"model": JobPublic, "description": "Known submission_id, same spec"},
         **UNAUTHORIZED,
         409: {
             "model": ErrorPublic,
-            "description": "The model fits no device, or a device id or dataset the server lacks",
+            "description": "The model fits no device, a device id or dataset the server lacks, "
+            "or a known submission_id with another spec",
         },
     },
 )
 def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
-    """Queue a job. A repeated ``submission_id`` answers 200 with the job it created."""
+    """Queue a job. A repeated ``submission_id`` answers 200 with the job it created when
+    the spec is the same, and 409 when it is not (a retry never queues a second job, and
+    a reused id never passes for another job)."""
     if spec.submission_id is not None:
         existing = state.store.get_by_submission(spec.submission_id)
         if existing is not None:
             response.status_code = status.HTTP_200_OK
-            return job_public(existing)
+            return job_public(_same_submission(existing, spec))
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     check_trainable(model)
     device_ids = check_devices(state.handle, spec.devices)
@@ -86,11 +90,25 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
         spec=spec,
         submission_id=spec.submission_id,
     )
-    if not created:
+    if not created:  # a twin of this request won the race
         response.status_code = status.HTTP_200_OK
-    elif state.executor is not None:
+        return job_public(_same_submission(job, spec))
+    if state.executor is not None:
         state.executor.wake()
     return job_public(job)
+
+
+def _same_submission(existing: JobRecord, spec: JobCreate) -> JobRecord:
+    """The job ``spec.submission_id`` created, if it was submitted with this spec (else 409)."""
+    if existing.spec == spec:
+        return existing
+    theirs, ours = existing.spec.model_dump(), spec.model_dump()
+    differ = sorted(k for k in ours if ours[k] != theirs.get(k))
+    raise HTTPException(
+        status.HTTP_409_CONFLICT,
+        f"submission_id: {spec.submission_id!r} was used for job {existing.id} with another "
+        f"spec (differs in {', '.join(differ)}); use a new submission_id",
+    )
 
 
 @router.get("", response_model=JobsPublic)
@@ -131,22 +149,40 @@ def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
     response_class=Response,
     responses={
         200: {"content": {"application/gzip": {}}, "description": "The checkpoint, .tar.gz"},
-        404: ERRORS[404],
+        404: {"model": ErrorPublic, "description": "No such job, or it never had this checkpoint"},
+        410: {"model": ErrorPublic, "description": "Retention removed it, or its files are gone"},
     },
 )
 def download_checkpoint(
     job: JobDep, store: StoreDep, step: Annotated[int, Path(ge=0, le=10**9)]
 ) -> Response:
-    """One checkpoint as a .tar.gz: its safetensors parts and manifest.json."""
-    kept = {c.step: c for c in store.checkpoints(job.id)}
-    if step not in kept:
-        steps = ", ".join(str(s) for s in kept) or "none"
+    """One checkpoint as a .tar.gz: its safetensors parts and manifest.json. Its files are
+    opened (and pinned against retention) before the answer starts, so a checkpoint gone
+    from storage is a 410, never an empty or truncated archive."""
+    from workers.checkpoint import CheckpointStore  # torch: loaded on the first download
+
+    record = store.checkpoint(job.id, step)
+    if record is None:
+        kept = ", ".join(str(c.step) for c in store.checkpoints(job.id)) or "none"
         raise HTTPException(
-            status.HTTP_404_NOT_FOUND, f"step: job {job.id} has no checkpoint {step}; kept: {steps}"
+            status.HTTP_404_NOT_FOUND, f"step: job {job.id} has no checkpoint {step}; kept: {kept}"
+        )
+    if record.pruned_at is not None:
+        raise HTTPException(
+            status.HTTP_410_GONE,
+            f"step: job {job.id}'s checkpoint {step} was pruned at "
+            f"{record.pruned_at:%Y-%m-%d %H:%M:%S} UTC (retention keeps the newest)",
+        )
+    root, _, folder = record.uri.rstrip("/").rpartition("/")
+    opened = CheckpointStore(root).open_step(int(folder.removeprefix("step-")))
+    if opened is None:
+        raise HTTPException(
+            status.HTTP_410_GONE,
+            f"step: job {job.id}'s checkpoint {step} is gone from storage ({record.uri})",
         )
     name = f"{job.id}-step-{step:08d}"
     return StreamingResponse(
-        stream_checkpoint(kept[step].uri, name),
+        stream_checkpoint(opened, name),
         media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
     )
@@ -188,9 +224,17 @@ def stop_job(job: JobDep, state: StateDep) -> JobPublic:
             status.HTTP_409_CONFLICT, f"job: {job.id} is already {job.state}; nothing to stop"
         )
     updated = state.store.request_stop(job.id)
-    if state.executor is not None:
-        state.executor.request_stop(job.id)
     assert updated is not None
+    live = state.executor is not None and state.executor.request_stop(job.id)
+    if updated.state == JobState.RUNNING and not live:
+        # RUNNING with no runner of this service (one died, or a service before this one
+        # left it): nothing would act on the flag, so the stop ends it here.
+        state.store.finish(
+            job.id,
+            JobState.STOPPED,
+            f"stopped on request after {updated.steps_done} steps (no runner was training it)",
+        )
+        updated = state.store.get(job.id) or updated
     return job_public(updated)
 
 

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 from api.services import stream_checkpoint
+from workers.checkpoint import CheckpointStore
 
 
 def test_a_checkpoint_streams_as_a_tar_gz_with_every_file_whole(tmp_path: Path) -> None:
@@ -18,7 +19,9 @@ def test_a_checkpoint_streams_as_a_tar_gz_with_every_file_whole(tmp_path: Path) 
     (step / "part-0000.safetensors").write_bytes(weights)
     (step / "manifest.json").write_text(json.dumps({"step": 7}))
 
-    pieces = list(stream_checkpoint(str(step), "job-step-7", chunk_bytes=64 << 10))
+    opened = CheckpointStore(str(tmp_path)).open_step(7)
+    assert opened is not None
+    pieces = list(stream_checkpoint(opened, "job-step-7", chunk_bytes=64 << 10))
 
     assert len(pieces) > 40, "read and sent a piece at a time, not as one buffer"
     with tarfile.open(fileobj=io.BytesIO(b"".join(pieces)), mode="r:gz") as tar:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scheduler.models.presets import preset_to_dict
 from tests.support import TINY
 from workers.checkpoint import CheckpointStore, load_part, part_tensors, write_part
 from workers.errors import WorkerError
@@ -13,25 +14,28 @@ from workers.models.gpt import GPT
 PART = "part-0000.safetensors"
 
 
-def _write(store: CheckpointStore, step: int, *, manifest: bool = True) -> None:
+def write_checkpoint(store: CheckpointStore, step: int, *, manifest: bool = True) -> None:
+    """A gpt-tiny checkpoint at ``step`` as a run writes one (its manifest last, unless not)."""
     model = GPT(TINY, seed=step)
     optimizer = torch.optim.AdamW(model.parameters())
     names = write_part(store.step_uri(step), PART, part_tensors(model, optimizer))
     if manifest:
-        store.commit(step, {PART: names}, {"optimizer_steps": 0})
+        store.commit(step, {PART: names}, {"optimizer_steps": 0, "model": preset_to_dict(TINY)})
 
 
 def test_a_torn_checkpoint_is_never_loaded_and_retention_keeps_the_newest(tmp_path) -> None:
     store = CheckpointStore(str(tmp_path / "job"))
     assert store.latest() is None
     for step in (9, 19, 29):
-        _write(store, step)
-    _write(store, 39, manifest=False)  # the process died after its part, before the manifest
+        write_checkpoint(store, step)
+    write_checkpoint(
+        store, 39, manifest=False
+    )  # the process died after its part, before the manifest
     assert store.latest().step == 29
     store.prune(keep_last=2)
     assert [c.step for c in store.complete()] == [19, 29]
     assert (tmp_path / "job" / "step-00000039").exists(), "newer than the latest: may be in flight"
-    _write(store, 49)
+    write_checkpoint(store, 49)
     store.prune(keep_last=2)
     assert [c.step for c in store.complete()] == [29, 49]
     assert not (tmp_path / "job" / "step-00000039").exists(), "torn and old: cleaned up"
