@@ -23,7 +23,9 @@ from fastapi.responses import JSONResponse
 
 from api.contract import AllowHeader, install_openapi
 from api.core.db import make_engine
+from api.core.guards import GuardConfig, HostPolicy, RequestGuard
 from api.core.settings import API_PREFIX, Settings
+from api.core.telemetry import HttpMetrics, Telemetry
 from api.deps import AppState
 from api.execution.executor import Executor
 from api.routes import api_router, docs, health, metrics
@@ -127,7 +129,7 @@ def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHan
                 signal.signal(sig, handler)
 
 
-def build_state(settings: Settings) -> AppState:
+def build_state(settings: Settings, telemetry: Telemetry | None = None) -> AppState:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(make_engine(settings.database_url))
     interrupted = store.running()
@@ -144,7 +146,9 @@ def build_state(settings: Settings) -> AppState:
     profiler = Profiler(store=store, handle=handle, cache_dir=settings.profile_cache_dir)
     executor = None
     if settings.executor:
-        executor = Executor(store=store, handle=handle, profiler=profiler, settings=settings)
+        executor = Executor(
+            store=store, handle=handle, profiler=profiler, settings=settings, telemetry=telemetry
+        )
     return AppState(
         settings=settings, store=store, handle=handle, profiler=profiler, executor=executor
     )
@@ -156,7 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings)
+        state = build_state(settings, telemetry)
         app.state.hetsched = state
         if state.executor is not None:
             state.executor.start()
@@ -180,17 +184,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics_registry = metrics.build_registry(
         lambda: getattr(app.state, "hetsched", None)
     )
+    telemetry = app.state.telemetry = Telemetry(app.state.metrics_registry)
     install_error_handlers(app)
     install_openapi(
         app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)
     )
     app.add_middleware(AllowHeader)
+    # Added last, so it runs first: nothing is routed or read before the guard passed it.
+    app.add_middleware(RequestGuard, config=guard_config(settings))
+    app.add_middleware(HttpMetrics, telemetry=telemetry)  # counts the guard's refusals too
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics.router)
     docs.add_docs(app, openapi_url=f"{API_PREFIX}/openapi.json")
     _add_dashboard(app)
     return app
+
+
+def guard_config(settings: Settings) -> GuardConfig:
+    """What :class:`~api.core.guards.RequestGuard` checks, from the settings."""
+    return GuardConfig(
+        hosts=HostPolicy(bound=settings.host, extra=tuple(settings.allowed_hosts)),
+        token=settings.token,
+        max_json_bytes=settings.max_json_bytes,
+        streamed_paths=frozenset({f"{API_PREFIX}/datasets"}),
+    )
 
 
 def _num_devices(app: FastAPI) -> int:
