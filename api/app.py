@@ -37,6 +37,7 @@ from api.services import (
     connect_cluster,
 )
 from api.store import JobStore
+from api.views import JobPages
 from scheduler.errors import HetschedError, PlanError
 
 log = logging.getLogger("hetsched.api")
@@ -185,6 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lambda: getattr(app.state, "hetsched", None)
     )
     telemetry = app.state.telemetry = Telemetry(app.state.metrics_registry)
+    app.state.job_pages = JobPages()
     install_error_handlers(app)
     install_openapi(
         app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)

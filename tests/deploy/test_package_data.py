@@ -73,4 +73,3 @@ def test_the_wheel_carries_every_cluster_spec(tmp_path: Path) -> None:
     where, names = run.stdout.splitlines()
     assert Path(where).is_relative_to(site)  # the installed copy answered, not the checkout
     assert names.split()[0] == "local-sim" and len(names.split()) == len(shipped) + 1
-
