@@ -74,14 +74,27 @@ def validation_detail(exc: RequestValidationError) -> str:
     errors = list(exc.errors())
 
     # A model given as dimensions also fails the preset-name branch ("should be a valid
-    # string"); that branch's complaint is noise next to what is wrong with the dimensions.
-    def other_branch_failed(error: Any) -> bool:
+    # string"), and a bad name fails the dimensions branch ("should be a valid
+    # dictionary"); each time the other branch's complaint is noise.
+    not_object = ("model_type", "model_attributes_type")
+
+    def string_branch(error: Any) -> bool:
+        last = str(error["loc"][-1]) if error["loc"] else ""
+        return last == "str" or last.endswith("str]")  # plain, or a checked str
+
+    def siblings(error: Any) -> list[Any]:
         loc = tuple(error["loc"])
-        return loc[-1:] == ("str",) and any(
-            tuple(o["loc"][: len(loc) - 1]) == loc[:-1]
-            and tuple(o["loc"]) != loc
-            and o["type"] != "model_type"  # the input was an object: the dimensions are wrong
+        return [
+            o
             for o in errors
+            if tuple(o["loc"][: len(loc) - 1]) == loc[:-1] and tuple(o["loc"]) != loc
+        ]
+
+    def other_branch_failed(error: Any) -> bool:
+        if string_branch(error):  # dropped when the dimensions themselves are wrong
+            return any(o["type"] not in not_object for o in siblings(error))
+        return error["type"] in not_object and any(  # a string that is wrong as a string
+            string_branch(o) and o["type"] != "string_type" for o in siblings(error)
         )
 
     errors = [e for e in errors if not other_branch_failed(e)]
