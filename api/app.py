@@ -23,7 +23,9 @@ from fastapi.responses import JSONResponse
 
 from api.contract import AllowHeader, install_openapi
 from api.core.db import make_engine
+from api.core.guards import GuardConfig, HostPolicy, RequestGuard
 from api.core.settings import API_PREFIX, Settings
+from api.core.telemetry import HttpMetrics, Telemetry
 from api.deps import AppState
 from api.execution.executor import Executor
 from api.routes import api_router, docs, health, metrics
@@ -35,6 +37,7 @@ from api.services import (
     connect_cluster,
 )
 from api.store import JobStore, StoreUnavailable
+from api.views import JobPages
 from scheduler.errors import HetschedError, PlanError
 
 log = logging.getLogger("hetsched.api")
@@ -71,14 +74,27 @@ def validation_detail(exc: RequestValidationError) -> str:
     errors = list(exc.errors())
 
     # A model given as dimensions also fails the preset-name branch ("should be a valid
-    # string"); that branch's complaint is noise next to what is wrong with the dimensions.
-    def other_branch_failed(error: Any) -> bool:
+    # string"), and a bad name fails the dimensions branch ("should be a valid
+    # dictionary"); each time the other branch's complaint is noise.
+    not_object = ("model_type", "model_attributes_type")
+
+    def string_branch(error: Any) -> bool:
+        last = str(error["loc"][-1]) if error["loc"] else ""
+        return last == "str" or last.endswith("str]")  # plain, or a checked str
+
+    def siblings(error: Any) -> list[Any]:
         loc = tuple(error["loc"])
-        return loc[-1:] == ("str",) and any(
-            tuple(o["loc"][: len(loc) - 1]) == loc[:-1]
-            and tuple(o["loc"]) != loc
-            and o["type"] != "model_type"  # the input was an object: the dimensions are wrong
+        return [
+            o
             for o in errors
+            if tuple(o["loc"][: len(loc) - 1]) == loc[:-1] and tuple(o["loc"]) != loc
+        ]
+
+    def other_branch_failed(error: Any) -> bool:
+        if string_branch(error):  # dropped when the dimensions themselves are wrong
+            return any(o["type"] not in not_object for o in siblings(error))
+        return error["type"] in not_object and any(  # a string that is wrong as a string
+            string_branch(o) and o["type"] != "string_type" for o in siblings(error)
         )
 
     errors = [e for e in errors if not other_branch_failed(e)]
@@ -129,7 +145,9 @@ def _keeping_signal_handlers(connect: Callable[[], ClusterHandle]) -> ClusterHan
                 signal.signal(sig, handler)
 
 
-def build_state(settings: Settings, cluster: ClusterHandle | None = None) -> AppState:
+def build_state(
+    settings: Settings, cluster: ClusterHandle | None = None, telemetry: Telemetry | None = None
+) -> AppState:
     """Everything stateful, over ``cluster`` when the caller owns one already
     (connected per ``settings`` otherwise)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -149,7 +167,9 @@ def build_state(settings: Settings, cluster: ClusterHandle | None = None) -> App
     profiler = Profiler(store=store, handle=handle, cache_dir=settings.profile_cache_dir)
     executor = None
     if settings.executor:
-        executor = Executor(store=store, handle=handle, profiler=profiler, settings=settings)
+        executor = Executor(
+            store=store, handle=handle, profiler=profiler, settings=settings, telemetry=telemetry
+        )
     return AppState(
         settings=settings, store=store, handle=handle, profiler=profiler, executor=executor
     )
@@ -169,7 +189,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings, cluster)
+        state = build_state(settings, cluster, telemetry)
         app.state.hetsched = state
         if state.executor is not None:
             state.executor.start()
@@ -194,17 +214,32 @@ def create_app(
     app.state.metrics_registry = metrics.build_registry(
         lambda: getattr(app.state, "hetsched", None)
     )
+    telemetry = app.state.telemetry = Telemetry(app.state.metrics_registry)
+    app.state.job_pages = JobPages()
     install_error_handlers(app)
     install_openapi(
         app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)
     )
     app.add_middleware(AllowHeader)
+    # Added last, so it runs first: nothing is routed or read before the guard passed it.
+    app.add_middleware(RequestGuard, config=guard_config(settings))
+    app.add_middleware(HttpMetrics, telemetry=telemetry)  # counts the guard's refusals too
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics.router)
     docs.add_docs(app, openapi_url=f"{API_PREFIX}/openapi.json")
     _add_dashboard(app)
     return app
+
+
+def guard_config(settings: Settings) -> GuardConfig:
+    """What :class:`~api.core.guards.RequestGuard` checks, from the settings."""
+    return GuardConfig(
+        hosts=HostPolicy(bound=settings.host, extra=tuple(settings.allowed_hosts)),
+        token=settings.token,
+        max_json_bytes=settings.max_json_bytes,
+        streamed_paths=frozenset({f"{API_PREFIX}/datasets"}),
+    )
 
 
 def _num_devices(app: FastAPI) -> int:

@@ -11,7 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,7 +213,13 @@ def model_from_ref(
                 f"model: {ref!r} is a path; this server reads model configs only from "
                 "its data directory"
             )
-        return load_hf_config(inside_data_dir(data_dir, ref.removeprefix("hf:"), what="model"))
+        name = ref.removeprefix("hf:")
+        try:
+            return load_hf_config(inside_data_dir(data_dir, name, what="model"))
+        except HetschedError:
+            raise
+        except (OSError, ValueError) as exc:  # a NUL byte, a name the file system refuses
+            raise HetschedError(f"model: {name[:60]!r} is not a usable file name") from exc
     return ModelPreset(**ref.model_dump())
 
 
@@ -335,6 +341,25 @@ class Profiler:
         self.handle = handle
         self.cache_dir = cache_dir
         self._lock = threading.Lock()
+        self._background: threading.Thread | None = None
+        self._background_lock = threading.Lock()  # not _lock: a measurement holds that
+
+    def measure_soon(self, model: ModelPreset, device_ids: list[str]) -> None:
+        """Measure in a background thread, unless one is measuring already: what a dry
+        run asks for, so that it answers at once and the next one is measured."""
+        with self._background_lock:
+            if self._background is not None and self._background.is_alive():
+                return
+            self._background = threading.Thread(
+                target=self._measure_logged, args=(model, device_ids), daemon=True
+            )
+            self._background.start()
+
+    def _measure_logged(self, model: ModelPreset, device_ids: list[str]) -> None:
+        try:
+            self.measure(model, device_ids)
+        except Exception as exc:  # a background thread has no caller to tell
+            log.warning("measuring %s on %d devices failed: %s", model.name, len(device_ids), exc)
 
     def measure(
         self, model: ModelPreset, device_ids: list[str], *, refresh: bool = False
@@ -404,20 +429,27 @@ def dry_run(
     strategy: str,
     busy: set[str],
 ) -> tuple[Plan, str]:
-    """Plan without training: a stored or fresh measurement, else the catalogue."""
+    """Plan without training, at once: from a stored measurement, else from the catalogue.
+
+    A first dry run never waits for a measurement (tens of seconds for a new model): it
+    answers from the catalogue with a note and, when the devices are idle, measures them
+    in the background, so asking again gives the measured plan.
+    """
     cluster = handle.cluster
     if cluster is None:
         raise ClusterUnavailable(f"cluster: unavailable ({handle.message})")
     if handle.simulated:
         check_simulated_fit(cluster, model, device_ids)
     profile = profiler.stored(model, device_ids)
-    if profile is None and handle.available and not busy & set(device_ids):
-        profile = profiler.measure(model, device_ids)
-    source = "measured"
-    if profile is None:
-        profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
-        source = "analytic"
-    return make_plan(profile, global_batch, strategy), source
+    if profile is not None:
+        return make_plan(profile, global_batch, strategy), "measured"
+    note = "predicted from the GPU catalogue: these devices have no measurement of this model"
+    if handle.available and not busy & set(device_ids):
+        profiler.measure_soon(model, device_ids)
+        note += "; they are being measured now, ask again in a minute for a measured plan"
+    profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
+    plan = make_plan(profile, global_batch, strategy)
+    return replace(plan, notes=(*plan.notes, note)), "analytic"
 
 
 def stream_checkpoint(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -59,6 +61,38 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
             "allocations": [allocation_public(e) for e in events if e.kind == "allocation"],
         }
     )
+
+
+class JobPages:
+    """``GET /jobs/{id}``'s answers as JSON, built again only when the job or its events
+    changed: fifty dashboards polling one training job share one build per step instead
+    of validating and serializing the same plan fifty times.
+
+    An entry is reused only while the freshly read record and events equal those it
+    was built from, so an answer is never staler than the database read before it.
+    """
+
+    def __init__(self, max_jobs: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._max_jobs = max_jobs
+        self._pages: OrderedDict[str, tuple[JobRecord, tuple[EventRecord, ...], bytes]] = (
+            OrderedDict()
+        )
+
+    def body(self, job: JobRecord, events: Sequence[EventRecord]) -> bytes:
+        kept = tuple(events)
+        with self._lock:
+            cached = self._pages.get(job.id)
+            if cached is not None and cached[0] == job and cached[1] == kept:
+                self._pages.move_to_end(job.id)
+                return cached[2]
+        body = job_public(job, kept).model_dump_json(by_alias=True).encode()
+        with self._lock:
+            self._pages[job.id] = (job, kept, body)
+            self._pages.move_to_end(job.id)
+            while len(self._pages) > self._max_jobs:
+                self._pages.popitem(last=False)
+        return body
 
 
 def allocation_public(event: EventRecord) -> AllocationPublic:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from api.commands.common import add_cache_arguments, add_command, model_help
 from api.commands.plan import format_table
+from api.core.settings import DEFAULT_CLUSTER
 from api.services import check_simulated_fit
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
@@ -49,7 +50,6 @@ from scheduler.units import format_bytes
 if TYPE_CHECKING:  # the workers (torch, Ray) load when a simulation starts
     from workers.session import CheckpointInfo, RunBuilder, Validation, WorkerPool
 
-DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "clusters" / "local-sim.yaml"
 DEFAULT_STRATEGIES = "auto,even"
 BAR_WIDTH = 24
 CHECKPOINT_EVERY = 5

@@ -6,15 +6,24 @@ and handed to :func:`api.app.create_app`; nothing here runs at import.
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from scheduler.policy.types import DEFAULT_POLICY, PolicyName
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CLUSTER = REPO_ROOT / "deploy" / "clusters" / "local-sim.yaml"
+
+def bundled_cluster(name: str) -> Path:
+    """A cluster spec shipped inside the package (``api/clusters/NAME``, linked from
+    ``deploy/clusters/`` in a checkout), found by :mod:`importlib.resources` so that a
+    wheel or a non-editable install has it too."""
+    return Path(str(files("api") / "clusters" / name))
+
+
+DEFAULT_CLUSTER = bundled_cluster("local-sim.yaml")
 API_PREFIX = "/api/v1"
 """Where the REST API is mounted."""
 
@@ -62,6 +71,20 @@ class Settings(BaseSettings):
     """SQLite: how long one attempt waits for another connection's lock to go."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    allowed_hosts: Annotated[list[str], NoDecode] = []
+    """Host names the service answers to besides loopback names and ``host`` (and, bound
+    to every interface, IP addresses and this machine's name): comma-separated in
+    ``HETSCHED_ALLOWED_HOSTS``; ``.example.com`` allows it and its subdomains, ``*`` any.
+    Other ``Host`` headers are refused, so a re-bound DNS name cannot reach the API."""
+    max_json_bytes: int = Field(default=1 << 20, ge=1024)
+    """Largest JSON request body (default 1 MiB; a job spec is a few hundred bytes)."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
 
     @property
     def database_url(self) -> str:

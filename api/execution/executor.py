@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 
 from api.core.settings import Settings
+from api.core.telemetry import Telemetry
 from api.execution.job_runner import JobRunner
 from api.execution.ledger import DeviceLedger, LiveJob
 from api.execution.scheduling import (
@@ -62,9 +63,16 @@ class Executor:
     """
 
     def __init__(
-        self, *, store: JobStore, handle: ClusterHandle, profiler: Profiler, settings: Settings
+        self,
+        *,
+        store: JobStore,
+        handle: ClusterHandle,
+        profiler: Profiler,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.handle = handle
         self.profiler = profiler
         self.settings = settings
@@ -83,6 +91,7 @@ class Executor:
             settings=settings,
             release=self.ledger.release,
             claim=self.ledger.claim,
+            telemetry=telemetry,
         )
 
     # --- lifecycle --------------------------------------------------------------
@@ -390,6 +399,9 @@ class Executor:
             self.ledger.remove(job.id)
             return False  # stopped meanwhile
         self.store.log(job.id, "INFO", f"started on {', '.join(devices)}")
+        if self.telemetry is not None and job.started_at is None:  # its first start
+            waited_s = (datetime.now(UTC) - job.created_at.replace(tzinfo=UTC)).total_seconds()
+            self.telemetry.queue_wait_seconds.observe(max(0.0, waited_s))
         self._allocated(live, step=0, old=(), new=tuple(devices), reason=reason, rate=rate)
         self._thread_for(job, live, resume=False)
         return True
@@ -411,6 +423,8 @@ class Executor:
         rate: float,
     ) -> None:
         """An ``allocation`` event: the job's allocation history on its page."""
+        if self.telemetry is not None:
+            self.telemetry.event("allocation")
         self.store.add_event(
             live.job_id,
             kind="allocation",

@@ -8,11 +8,13 @@ step, checkpoint, recovery, re-plan and restart goes to the job store (``GET
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from api.core.settings import Settings
+from api.core.telemetry import Telemetry
 from api.execution.ledger import LiveJob
 from api.services import (
     ClusterHandle,
@@ -71,6 +73,8 @@ class JobRunner:
     """Sets the devices a job holds (the others go back to the queue)."""
     claim: Callable[[LiveJob, list[str]], list[str]]
     """Atomically: of these devices, those no other job holds become the job's."""
+    telemetry: Telemetry | None = None
+    """Where ``/metrics`` counts steps, checkpoints, recoveries and events."""
 
     def run(
         self, job: JobRecord, live: LiveJob, *, resume: bool, moved: bool = False
@@ -174,6 +178,8 @@ class JobRunner:
             where = (
                 f"its checkpoint of step {latest.step}" if latest else "the start (no checkpoint)"
             )
+            if self.telemetry is not None:
+                self.telemetry.event("restart")
             self.store.add_event(
                 job.id,
                 kind="restart",
@@ -232,6 +238,8 @@ class JobHooks:
     live: LiveJob
     step_times_s: list[float] = field(default_factory=list)
     """Every step's time so far, for the job's median."""
+    step_ended: float = 0.0
+    """``time.monotonic()`` at the latest step's end: a checkpoint's duration starts there."""
 
     def on_step(self, m: StepMetrics) -> None:
         job_id, steps = self.job.id, self.job.spec.steps
@@ -250,6 +258,9 @@ class JobHooks:
         live.step_s, live.samples_per_s = m.step_s, m.samples_per_s
         live.steps_done = m.step + 1
         live.device_steps = {d.id: (d.busy_s, d.wait_s, d.peak_bytes) for d in m.devices}
+        self.step_ended = time.monotonic()
+        if self.runner.telemetry is not None:
+            self.runner.telemetry.step(job_id, step_s=m.step_s, loss=m.loss, val_loss=m.val_loss)
         if m.val_loss is not None:
             self._log("INFO", f"step {m.step}: validation loss {m.val_loss:.4f}")
         if m.step < 3 or (m.step + 1) % max(1, steps // 20) == 0 or m.step + 1 == steps:
@@ -263,9 +274,14 @@ class JobHooks:
         self.runner.store.add_checkpoint(
             self.job.id, step=info.step, uri=info.uri, keep=list(kept_steps)
         )
+        if self.runner.telemetry is not None and self.step_ended:
+            self.runner.telemetry.checkpoint_seconds.observe(time.monotonic() - self.step_ended)
 
     def on_recovery(self, recovery: Recovery) -> None:
         record = recovery.to_dict()
+        if self.runner.telemetry is not None:
+            self.runner.telemetry.event("recovery")
+            self.runner.telemetry.recovery_seconds.observe(recovery.recover_s)
         self.runner.store.add_event(
             self.job.id, kind="recovery", step=recovery.resumed_step, data=record
         )
@@ -278,6 +294,8 @@ class JobHooks:
 
     def on_replan(self, decision: ReplanDecision) -> None:
         store, plan = self.runner.store, decision.new_plan
+        if self.runner.telemetry is not None:
+            self.runner.telemetry.event("replan")
         store.add_event(self.job.id, kind="replan", step=decision.step, data=decision.to_dict())
         self._log("INFO", f"re-planned at step {decision.step}: {decision.reason}")
         store.set_plan(self.job.id, plan, [d.id for d in plan.active])

@@ -115,6 +115,8 @@ def _check_content(name: str, part: Path, root: Path) -> None:
         raise _bad(f"{name}: {detail}" if not detail.startswith(name) else detail) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"{name}: not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # json's C decoder gives up on deep nesting
+        raise _bad(f"{name}: JSON nested too deeply to be a sidecar or tokenizer") from exc
 
 
 @router.post(

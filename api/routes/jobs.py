@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from api.core.settings import API_PREFIX
@@ -31,7 +31,7 @@ from api.services import (
 )
 from api.states import JobState
 from api.store import JobRecord
-from api.views import job_public
+from api.views import JobPages, job_public
 from scheduler.hardware.precision import device_precisions
 from scheduler.models.presets import check_trainable
 
@@ -124,10 +124,14 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
-async def read_job(job: JobDep, store: StoreDep) -> JobPublic:
-    """The job and what changed its plan while it ran (polled by dashboards, so served
-    without a thread-pool hop)."""
-    return job_public(job, store.events(job.id))
+def read_job(job: JobDep, store: StoreDep, request: Request) -> Response:
+    """The job and what changed its plan while it ran.
+
+    Dashboards poll this: it runs in the thread pool (its reads never hold up the event
+    loop, and so every other request) and answers from :class:`api.views.JobPages`
+    while the job and its events are unchanged."""
+    pages: JobPages = request.app.state.job_pages
+    return Response(pages.body(job, store.events(job.id)), media_type="application/json")
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses={404: ERRORS[404]})

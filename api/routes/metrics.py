@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.deps import AppState
 from api.execution.ledger import LiveJob
+from api.states import JobState
 from scheduler.hardware.capacity import usable_capacity_bytes
 
 router = APIRouter(tags=["metrics"])
@@ -26,11 +27,12 @@ DEVICE_LABELS = ["device", "node", "type"]
 
 
 class LiveCollector(Collector):
-    """The service's figures, read from its state when Prometheus scrapes.
+    """The service's state, read when Prometheus scrapes: gauges only.
 
-    Jobs by state (one small query), cluster availability, and each running job's and
-    device's latest step from the executor's memory: a scrape costs the same however
-    many steps are stored.
+    Jobs by state and the queue (small queries), cluster availability, and each
+    running job's latest step, devices and description from the executor's memory:
+    a scrape costs the same however many steps are stored. Counters and histograms
+    are :class:`api.core.telemetry.Telemetry`'s, counted as things happen.
     """
 
     def __init__(self, state: Callable[[], AppState | None]) -> None:
@@ -41,9 +43,15 @@ class LiveCollector(Collector):
         if state is None:  # not started yet (or already stopped)
             return
         jobs = GaugeMetricFamily("hetsched_jobs", "Jobs by state.", labels=["state"])
-        for job_state, count in sorted(state.store.count_by_state().items()):
+        counts = state.store.count_by_state()
+        for job_state, count in sorted(counts.items()):
             jobs.add_metric([job_state], count)
         yield jobs
+        yield GaugeMetricFamily(
+            "hetsched_queue_length",
+            "Jobs waiting for devices (PENDING).",
+            value=counts.get(JobState.PENDING, 0),
+        )
         yield GaugeMetricFamily(
             "hetsched_cluster_available",
             "1 when the Ray cluster is reachable.",
@@ -51,34 +59,43 @@ class LiveCollector(Collector):
         )
         live = state.executor.live() if state.executor else []
         yield from self._devices(state, live)
+        yield from self._jobs(state, live)
+
+    @staticmethod
+    def _jobs(state: AppState, live: list[LiveJob]) -> Iterator[Metric]:
         samples_per_s = GaugeMetricFamily(
             "hetsched_job_samples_per_second",
             "Throughput of each running job's latest step.",
-            labels=["job"],
+            labels=["job_id"],
         )
         step_s = GaugeMetricFamily(
             "hetsched_job_step_seconds",
-            "Duration of each running job's latest step.",
-            labels=["job"],
+            "Duration of each running job's latest step (every step: "
+            "hetsched_job_step_duration_seconds).",
+            labels=["job_id"],
         )
-        steps = CounterMetricFamily(
-            "hetsched_job_steps", "Steps each running job has completed.", labels=["job"]
+        info = InfoMetricFamily(
+            "hetsched_job",
+            "What each running job is: its name, owner, model and strategy.",
+            labels=["job_id"],
         )
         for job in live:
             if job.samples_per_s:
                 samples_per_s.add_metric([job.job_id], job.samples_per_s)
             if job.step_s:
                 step_s.add_metric([job.job_id], job.step_s)
-            steps.add_metric([job.job_id], job.steps_done)
-        yield from (samples_per_s, step_s, steps)
-        events = CounterMetricFamily(
-            "hetsched_job_events",
-            "What changed running jobs' plans, over all jobs: recoveries, re-plans, restarts.",
-            labels=["kind"],
-        )
-        for kind, count in sorted(state.store.count_events().items()):
-            events.add_metric([kind], count)
-        yield events
+            record = state.store.get(job.job_id)
+            if record is not None:
+                info.add_metric(
+                    [job.job_id],
+                    {
+                        "name": record.name,
+                        "owner": str(getattr(record, "owner", "") or ""),
+                        "model": record.model_name,
+                        "strategy": record.plan.strategy if record.plan else record.spec.strategy,
+                    },
+                )
+        yield from (samples_per_s, step_s, info)
 
     @staticmethod
     def _devices(state: AppState, live: list[LiveJob]) -> Iterator[Metric]:
@@ -105,8 +122,16 @@ class LiveCollector(Collector):
             "Memory the device offers (scaled for simulated devices).",
             labels=DEVICE_LABELS,
         )
+        holder = GaugeMetricFamily(
+            "hetsched_device_job",
+            "1 for each device and the job that holds it (join on job_id).",
+            labels=[*DEVICE_LABELS, "job_id"],
+        )
+        held = state.executor.busy_devices() if state.executor else {}
         for d in cluster.devices:
             labels = [d.id, d.node, d.type]
+            if d.id in held:
+                holder.add_metric([*labels, held[d.id]], 1)
             ratio, peak_bytes = latest.get(d.id, (0.0, 0))
             busy.add_metric(labels, ratio)
             memory.add_metric(labels, peak_bytes)
@@ -118,7 +143,7 @@ class LiveCollector(Collector):
                     memory_scale=cluster.simulation.memory_scale,
                 ),
             )
-        yield from (busy, memory, capacity)
+        yield from (busy, memory, capacity, holder)
 
 
 def build_registry(state: Callable[[], AppState | None]) -> CollectorRegistry:

@@ -82,10 +82,15 @@ DeviceIds = Annotated[
 PresetName = Annotated[
     str,
     Field(
+        max_length=255,
         json_schema_extra={"enum": list(PRESETS)},
         description=f"A model preset: {', '.join(PRESETS)}.",
     ),
+    AfterValidator(_printable),
 ]
+"""A preset name, or (not in the schema's enum, for operators) a Hugging Face config in
+the data directory, ``hf:DIR``: at most 255 printable characters, so no reference reaches
+the file system with a NUL byte or a name longer than one directory entry may be."""
 # A relative path whose segments do not start with '.': never absolute, never '..'.
 _SEGMENT = r"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]*"
 DATASET_PATTERN = rf"^{_SEGMENT}(/{_SEGMENT})*$"

@@ -87,11 +87,13 @@ class OptimizerSpec(RequestModel):
     )
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
     grad_clip: float | None = Field(
-        default=None,
+        default=1.0,
         gt=0,
         le=1e6,
         allow_inf_nan=False,
-        description="Largest global gradient norm (over every device and stage); null: off.",
+        description="Largest global gradient norm (over every device and stage); null: off. "
+        "The default, 1.0, is GPT-2's and nanoGPT's: without it a rare batch whose gradient "
+        "norm is a hundred times the usual kicked the README's demo from loss 3.2 to 8.",
     )
 
 

@@ -44,6 +44,7 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
         "cluster": None,
         "ray_address": None,
         "ray_num_cpus": 2,
+        "allowed_hosts": ["testserver"],  # the Host header of Starlette's TestClient
     }
     values.update(overrides)
     return Settings(**values)

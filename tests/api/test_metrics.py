@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.execution.job_runner import JobHooks, JobRunner
 from api.execution.ledger import LiveJob
+from workers.records import DeviceStep, Recovery, StepMetrics
 
 JOBS = "/api/v1/jobs"
 STABLE = {
@@ -18,6 +23,18 @@ STABLE = {
     "hetsched_job_samples_per_second": "gauge",
     "hetsched_job_step_seconds": "gauge",
     "hetsched_job_steps": "counter",  # exposed as hetsched_job_steps_total
+    "hetsched_job_step_duration_seconds": "histogram",
+    "hetsched_job_loss": "gauge",
+    "hetsched_job_validation_loss": "gauge",
+    "hetsched_job_info": "gauge",  # an info metric; the text format has no such type
+    "hetsched_job_events": "counter",
+    "hetsched_device_job": "gauge",
+    "hetsched_queue_length": "gauge",
+    "hetsched_queue_wait_seconds": "histogram",
+    "hetsched_checkpoint_duration_seconds": "histogram",
+    "hetsched_recovery_duration_seconds": "histogram",
+    "hetsched_http_requests": "counter",
+    "hetsched_http_request_duration_seconds": "histogram",
 }
 
 
@@ -59,20 +76,114 @@ def test_running_jobs_figures_come_from_the_executor(
 ) -> None:
     """A running job's latest step, as the executor holds it, is what Prometheus sees."""
 
+    job_id = offline.post(JOBS, json={"name": "demo", "steps": 9, "global_batch": 4}).json()["id"]
+
     class Executor:
         def live(self) -> list[LiveJob]:
-            job = LiveJob(job_id="abc", devices=["node-a/0"], step_s=0.5, samples_per_s=64.0)
+            job = LiveJob(job_id=job_id, devices=["node-a/0"], step_s=0.5, samples_per_s=64.0)
             job.steps_done = 7
             job.device_steps = {"node-a/0": (0.4, 0.1, 1_000_000)}
             return [job]
 
+        def busy_devices(self) -> dict[str, str]:
+            return {"node-a/0": job_id}
+
     monkeypatch.setattr(offline.app.state.hetsched, "executor", Executor())  # type: ignore[attr-defined]
     metrics = _scrape(offline)
-    assert metrics["hetsched_job_step_seconds"] == {(("job", "abc"),): 0.5}
-    assert metrics["hetsched_job_samples_per_second"] == {(("job", "abc"),): 64.0}
-    assert metrics["hetsched_job_steps"] == {(("job", "abc"),): 7}
+    # "job_id", not "job": Prometheus' own target label would rename it exported_job.
+    assert metrics["hetsched_job_step_seconds"] == {(("job_id", job_id),): 0.5}
+    assert metrics["hetsched_job_samples_per_second"] == {(("job_id", job_id),): 64.0}
+    info = (("job_id", job_id), ("model", "gpt-tiny"), ("name", "demo"), ("owner", ""))
+    assert metrics["hetsched_job_info"] == {(*info, ("strategy", "auto")): 1}
     device = (("device", "node-a/0"), ("node", "node-a"), ("type", "A100-80GB"))
+    held = tuple(sorted((*device, ("job_id", job_id))))
+    assert metrics["hetsched_device_job"] == {held: 1}
     assert metrics["hetsched_device_busy_ratio"][device] == 0.8
     assert metrics["hetsched_device_memory_bytes"][device] == 1_000_000
     idle = (("device", "node-b/0"), ("node", "node-b"), ("type", "V100-16GB"))
     assert metrics["hetsched_device_busy_ratio"][idle] == 0
+
+
+def _hooks(client: TestClient, job_id: str) -> JobHooks:
+    """The job runner's real hooks over the app's store and telemetry, as a run gets them."""
+    state = client.app.state.hetsched  # type: ignore[attr-defined]
+    runner = JobRunner(
+        store=state.store,
+        handle=state.handle,
+        profiler=state.profiler,
+        settings=state.settings,
+        release=lambda live, devices: None,
+        claim=lambda live, devices: devices,
+        telemetry=client.app.state.telemetry,  # type: ignore[attr-defined]
+    )
+    job = state.store.get(job_id)
+    return JobHooks(runner=runner, job=job, live=LiveJob(job_id=job_id, devices=["node-a/0"]))
+
+
+def _step(step: int, loss: float, val_loss: float | None = None) -> StepMetrics:
+    device = DeviceStep(id="node-a/0", busy_s=0.03, wait_s=0.01, peak_bytes=1000)
+    return StepMetrics(
+        step=step, loss=loss, step_s=0.04, samples_per_s=100.0, devices=(device,), val_loss=val_loss
+    )
+
+
+def test_counters_only_go_up_through_a_resume_and_a_delete(offline: TestClient) -> None:
+    """steps_total fell when a job resumed from a checkpoint, events_total when a job was
+    deleted (both were read from database rows): Prometheus takes a fall for a restart."""
+    job_id = offline.post(JOBS, json={"steps": 6, "global_batch": 4}).json()["id"]
+    hooks = _hooks(offline, job_id)
+    for step in range(5):
+        hooks.on_step(_step(step, 5.0 - step, val_loss=4.2 if step == 4 else None))
+    recovery = Recovery(
+        time_s=0.0,
+        error="device lost",
+        failed_step=5,
+        resumed_step=3,
+        lost=("node-b/1",),
+        old_plan={},
+        new_plan={},
+        recover_s=7.5,
+    )
+    hooks.on_recovery(recovery)
+    for step in (3, 4, 5):  # resumed from the checkpoint of step 2: steps 3 and 4 run again
+        hooks.on_step(_step(step, 2.0))
+    before = _scrape(offline)
+    assert before["hetsched_job_steps"] == {(("job_id", job_id),): 8}
+    assert before["hetsched_job_step_duration_seconds"][(("job_id", job_id), ("le", "0.05"))] == 8
+    assert before["hetsched_job_loss"] == {(("job_id", job_id),): 2.0}
+    assert before["hetsched_job_validation_loss"] == {(("job_id", job_id),): 4.2}
+    assert before["hetsched_job_events"][(("kind", "recovery"),)] == 1
+    assert before["hetsched_recovery_duration_seconds"][(("le", "10.0"),)] == 1
+    offline.post(f"{JOBS}/{job_id}/stop")
+    assert offline.delete(f"{JOBS}/{job_id}").status_code == 200
+    after = _scrape(offline)
+    assert after["hetsched_job_steps"] == before["hetsched_job_steps"]
+    assert after["hetsched_job_events"] == before["hetsched_job_events"]
+
+
+def test_http_requests_are_counted_by_route_template(offline: TestClient) -> None:
+    for job_id in ("nope1", "nope2"):
+        offline.get(f"{JOBS}/{job_id}")
+    offline.get(JOBS, headers={"host": "evil.example"})
+    metrics = _scrape(offline)
+    requests = metrics["hetsched_http_requests"]
+    route = (("method", "GET"), ("route", "/api/v1/jobs/{job_id}"), ("status", "404"))
+    assert requests[route] == 2
+    assert requests[(("method", "GET"), ("route", "unmatched"), ("status", "400"))] == 1
+    assert (("le", "+Inf"), ("method", "GET"), ("route", "/api/v1/jobs/{job_id}")) in metrics[
+        "hetsched_http_request_duration_seconds"
+    ]
+
+
+def test_promtool_finds_nothing_to_fix(offline: TestClient) -> None:
+    """``promtool check metrics``: Prometheus' own lint of names, types, units and help."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus; .ci/run does)")
+    job_id = offline.post(JOBS, json={"steps": 2, "global_batch": 4}).json()["id"]
+    _hooks(offline, job_id).on_step(_step(0, 5.0, val_loss=5.1))
+    text = offline.get("/metrics").text
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr

@@ -1,0 +1,104 @@
+"""How fast the control plane answers dashboards while a job trains.
+
+    .venv/bin/python -m pytest tests/benchmarks/test_api_throughput.py -m benchmark -s
+
+``hetsched serve`` in its own process trains a long gpt-tiny job on the
+embedded simulation; 50 clients, each one keep-alive connection, poll
+``GET /api/v1/jobs/{id}`` as fast as answers come for 10 s. Printed: requests/s,
+p50, p99 and max latency, the steps the job made meanwhile, and the load
+average, since the figures mean little without it on a shared machine. The
+issue's target is p99 under 50 ms; the bound asserted here is loose, so that a
+loaded machine does not fail it (compare printed figures, side by side).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.support import serving
+
+pytestmark = pytest.mark.benchmark
+
+NUM_CLIENTS = 50
+POLL_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving(tmp_path_factory.mktemp("serve")) as service:
+        yield service.url
+
+
+def training_job(url: str) -> str:
+    """A job that trains for longer than the benchmark, once its first step is done."""
+    body = {"name": "bench", "model": "gpt-tiny", "global_batch": 32, "steps": 10_000}
+    job = httpx.post(f"{url}/api/v1/jobs", json=body, timeout=30).json()
+    start = time.monotonic()
+    while True:
+        state = httpx.get(f"{url}/api/v1/jobs/{job['id']}", timeout=30).json()
+        if state["steps_done"] >= 1:
+            return str(job["id"])
+        assert state["state"] in ("PENDING", "RUNNING"), state["message"]
+        assert time.monotonic() - start < 600
+        time.sleep(0.05)
+
+
+def poll(url: str, job_id: str) -> list[float]:
+    """NUM_CLIENTS threads, each a keep-alive connection polling as fast as answers come.
+
+    Plain ``http.client``: an asyncio httpx client costs more CPU than the server
+    on this machine and would measure itself.
+    """
+    parsed = urlsplit(url)
+    latencies: list[float] = []
+    failures: list[int] = []
+
+    def one_client() -> None:
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+        end = time.monotonic() + POLL_S
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            connection.request("GET", f"/api/v1/jobs/{job_id}")
+            response = connection.getresponse()
+            response.read()
+            latencies.append(time.perf_counter() - t0)
+            if response.status != 200:
+                failures.append(response.status)
+        connection.close()
+
+    threads = [threading.Thread(target=one_client) for _ in range(NUM_CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:5]
+    return sorted(latencies)
+
+
+def test_fifty_pollers_while_a_job_trains(server: str) -> None:
+    job_id = training_job(server)
+    before = httpx.get(f"{server}/api/v1/jobs/{job_id}").json()["steps_done"]
+    load = os.getloadavg()
+    latencies = poll(server, job_id)
+    job = httpx.get(f"{server}/api/v1/jobs/{job_id}").json()
+    httpx.post(f"{server}/api/v1/jobs/{job_id}/stop")
+    p50 = statistics.median(latencies)
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(
+        f"\nGET /jobs/{{id}}, {NUM_CLIENTS} clients for {POLL_S:.0f} s while training: "
+        f"{len(latencies) / POLL_S:.0f} requests/s, p50 {p50 * 1e3:.1f} ms, "
+        f"p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms; the job made "
+        f"{job['steps_done'] - before} steps meanwhile; load average "
+        f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+    assert job["state"] == "RUNNING"
+    assert p99 < 5.0  # loose: a 2-core machine shared with other work swings these 3x
