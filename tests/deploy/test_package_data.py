@@ -31,7 +31,7 @@ print(load_cluster(DEFAULT_CLUSTER).name, *(load_cluster(bundled_cluster(n)).nam
 def test_the_wheel_carries_every_cluster_spec(tmp_path: Path) -> None:
     source = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for package in ("api", "scheduler", "workers"):
         shutil.copytree(
