@@ -292,9 +292,8 @@ def _options(
         if moves:
             # A move pays its restart out of the job's remaining time, plus a margin.
             remaining_s = job.samples_left / r
-            keep = (
-                (1 - settings.move_penalty) * remaining_s / (remaining_s + settings.reallocation_s)
-            )
+            restart_s = settings.reallocation_s if job.restart_s is None else job.restart_s
+            keep = (1 - settings.move_penalty) * remaining_s / (remaining_s + restart_s)
         value = normalised * keep * (job.priority if policy == "goodput" else 1.0)
         out.append(Option(config=config, value=value, normalised=normalised))
     return out

@@ -42,6 +42,9 @@ class JobDemand:
     """Never more devices than this; ``None``: as many as help (``fifo``: the whole cluster)."""
     device_types: tuple[str, ...] | None = None
     """Catalogue types the job may run on; ``None``: any."""
+    restart_s: float | None = None
+    """What moving this job costs (seconds without progress); ``None``: the settings'
+    ``reallocation_s``."""
     held: tuple[str, ...] = ()
     """Device ids the job holds now (empty while it waits)."""
     arrival_s: float = 0.0
@@ -61,6 +64,10 @@ class JobDemand:
             raise PolicyError(f"{where}: priority must be a number > 0, got {self.priority}")
         if self.min_devices < 1:
             raise PolicyError(f"{where}: min_devices must be >= 1, got {self.min_devices}")
+        if self.restart_s is not None and not (
+            self.restart_s >= 0 and math.isfinite(self.restart_s)
+        ):
+            raise PolicyError(f"{where}: restart_s must be a number >= 0, got {self.restart_s}")
         if self.max_devices is not None and self.max_devices < self.min_devices:
             raise PolicyError(
                 f"{where}: max_devices {self.max_devices} is below min_devices {self.min_devices}"
