@@ -157,7 +157,7 @@ def original_duration_s(job: TraceJob, gpu_type: str, rates: PlannedRates) -> fl
 
 def parse_gavel(text: str) -> list[OriginalJob]:
     """Jobs of a Gavel ``.trace`` document (format in the module docstring)."""
-    jobs = []
+    jobs: list[OriginalJob] = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -199,7 +199,7 @@ def parse_sia(text: str) -> list[OriginalJob]:
         raise TraceError(
             f"sia trace row 1: column {missing[0]} is missing; needs {', '.join(need)}"
         )
-    jobs = []
+    jobs: list[OriginalJob] = []
     for row in reader:
         where = f"sia trace row {reader.line_num}"
         app = (row.get("application") or "").strip()
