@@ -245,7 +245,17 @@ def _draw(rng: random.Random, mix: dict[K, float]) -> K:
     return rng.choices(keys, weights=[mix[k] for k in keys])[0]
 
 
-def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[TraceJob]:
+LARGE_REQUEST_MIX = {1: 0.2, 2: 0.1, 4: 0.2, 8: 0.3, 16: 0.2}
+"""A mix of mostly multi-GPU requests, for sweeps over job size."""
+
+
+def generate_trace(
+    num_jobs: int,
+    *,
+    jobs_per_hour: float,
+    seed: int,
+    request_mix: dict[int, float] | None = None,
+) -> list[TraceJob]:
     """``num_jobs`` jobs arriving as a Poisson process; same seed, same trace.
 
     The mix is like those of published cluster traces (Microsoft Philly, Jeon et al.,
@@ -254,7 +264,8 @@ def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[Tr
     durations log-uniform from minutes to most of a day of one A100, and the GPT-2
     family of presets with the batch sizes people train them at. Durations are turned
     into steps through the planner's rate on one A100-40GB, so a trace means the same
-    amount of work on any cluster.
+    amount of work on any cluster. ``request_mix`` replaces :data:`REQUEST_MIX` (GPUs
+    asked for -> share of jobs).
     """
     if num_jobs < 1:
         raise TraceError(f"--generate: must be >= 1 jobs, got {num_jobs}")
@@ -269,7 +280,7 @@ def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[Tr
     for i in range(num_jobs):
         model = _draw(rng, MODEL_MIX)
         batch = rng.choice(BATCHES[model])
-        request = _draw(rng, REQUEST_MIX)
+        request = _draw(rng, request_mix or REQUEST_MIX)
         work_s = math.exp(rng.uniform(math.log(lo), math.log(hi)))
         step_s = batch / rates(model=model, global_batch=batch, config=one_a100)
         jobs.append(
