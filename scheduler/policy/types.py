@@ -93,6 +93,12 @@ class PolicySettings:
     """What moving a running job costs: checkpoint, restart, re-plan (seconds of no progress)."""
     move_penalty: float = 0.05
     """Extra share of value a move must win, so near-ties do not make jobs thrash."""
+    remaining_weight: float = 0.0
+    """``goodput``: a job's value is scaled by (median remaining time / its remaining
+    time) to this power (clipped to 4x either way), remaining times on an equal share:
+    0 values every job's normalised rate alike; above 0 leans towards
+    shortest-remaining-first, which lowers average JCT while the fairness floor keeps
+    long jobs running."""
     aging_s: float = 3600.0
     """A waiting job's urgency grows by its priority once per ``aging_s`` waited."""
     max_wait_s: float = 4 * 3600.0
@@ -109,7 +115,14 @@ class PolicySettings:
     (whose program rarely closes its gap in time at scale) may differ between runs."""
 
     def __post_init__(self) -> None:
-        for name in ("reallocation_s", "move_penalty", "aging_s", "max_wait_s", "min_gain"):
+        for name in (
+            "reallocation_s",
+            "move_penalty",
+            "remaining_weight",
+            "aging_s",
+            "max_wait_s",
+            "min_gain",
+        ):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise PolicyError(f"settings.{name}: must be a number >= 0, got {value}")
