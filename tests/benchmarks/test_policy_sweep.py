@@ -25,6 +25,7 @@ Run on purpose (minutes):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ from scheduler.clustersim.imports import TraceFormat, load_any
 from scheduler.clustersim.simulator import SimResult, simulate
 from scheduler.clustersim.trace import LARGE_REQUEST_MIX, TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
-from scheduler.policy.rates import PlannedRates
+from scheduler.policy.configs import ClusterClasses, single_rates
+from scheduler.policy.rates import PlannedRates, job_rate
 from scheduler.policy.types import DEFAULT_POLICY, POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,19 +53,39 @@ IMPORTED: list[tuple[str, TraceFormat, Path]] = [
 ]
 
 
-def cases() -> list[tuple[str, Cluster, list[TraceJob]]]:
+GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def fitted(trace: list[TraceJob], cluster: Cluster, rates: PlannedRates) -> list[TraceJob]:
+    """``trace`` with each job whose model fits no GPU of ``cluster`` (a ``gpt2-xl`` on
+    V100-16GB/P100/K80) given the largest smaller preset that does, same batch and steps."""
+    classes = ClusterClasses.of(cluster)
     out = []
-    for path in (SIA, GAVEL):
-        cluster = load_cluster(path)
-        for load in LOADS:
-            for mix, request_mix in MIXES.items():
-                trace = generate_trace(
-                    NUM_JOBS, jobs_per_hour=load, seed=1, request_mix=request_mix
-                )
-                out.append((f"{cluster.name} {load:g}/h {mix}", cluster, trace))
-    for name, fmt, path in IMPORTED:
-        out.append((name, load_cluster(path), load_any(PUBLIC / name, fmt)))
+    for job in trace:
+        smaller = GPT2[: GPT2.index(job.model) + 1] if job.model in GPT2 else (job.model,)
+        for model in reversed(smaller):
+            rate = job_rate(rates, model=model, global_batch=job.global_batch)
+            if single_rates(classes, classes.ids, rate):
+                out.append(replace(job, model=model))
+                break
+        else:
+            out.append(job)
     return out
+
+
+def cases() -> list[tuple[str, Path, TraceFormat | None, float, str]]:
+    """(label, cluster spec, import format or None for generated, load, mix)."""
+    out: list[tuple[str, Path, TraceFormat | None, float, str]] = []
+    for path, short in ((SIA, "sia-64"), (GAVEL, "gavel-48")):
+        for load in LOADS:
+            for mix in MIXES:
+                out.append((f"{short} {load:g}/h {mix}", path, None, load, mix))
+    for name, fmt, path in IMPORTED:
+        out.append((name, path, fmt, 0.0, ""))
+    return out
+
+
+RESULTS: dict[str, dict[str, SimResult]] = {}
 
 
 def _h(seconds: float) -> str:
@@ -71,35 +93,45 @@ def _h(seconds: float) -> str:
 
 
 @pytest.mark.benchmark
-def test_policy_sweep() -> None:
-    wins: dict[str, list[str]] = {p: [] for p in POLICIES}
-    verdicts = []
+@pytest.mark.parametrize("case", cases(), ids=[c[0] for c in cases()])
+def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> None:
+    label, path, fmt, load, mix = case
+    cluster = load_cluster(path)
+    rates = PlannedRates.for_cluster(cluster)
+    if fmt is None:
+        trace = generate_trace(NUM_JOBS, jobs_per_hour=load, seed=1, request_mix=MIXES[mix])
+        trace = fitted(trace, cluster, rates)
+    else:
+        trace = load_any(PUBLIC / label, fmt)
+    results: dict[str, SimResult] = {}
     print()
-    for label, cluster, trace in cases():
-        rates = PlannedRates.for_cluster(cluster)
-        results: dict[str, SimResult] = {}
-        for policy in POLICIES:
-            result = simulate(cluster, trace, policy=policy, rates=rates)
-            assert len(result.jobs) == len(trace), (label, policy)
-            results[policy] = result
-            print(
-                f"{label:38s} {policy:8s} avg {_h(result.avg_jct_s)} h  p99 "
-                f"{_h(result.p99_jct_s)} h  makespan {_h(result.makespan_s)} h  "
-                f"moves/job {result.num_reallocations / len(trace):5.2f}"
-            )
-        best = min(results, key=lambda p: results[p].avg_jct_s)
-        wins[best].append(label)
+    for policy in POLICIES:
+        result = simulate(cluster, trace, policy=policy, rates=rates)
+        assert len(result.jobs) == len(trace), (label, policy)
+        results[policy] = result
+        print(
+            f"{label:34s} {policy:8s} avg {_h(result.avg_jct_s)} h  p99 "
+            f"{_h(result.p99_jct_s)} h  makespan {_h(result.makespan_s)} h  "
+            f"moves/job {result.num_reallocations / len(trace):5.2f}  "
+            f"slowest decision {result.decision_s_max * 1e3:5.0f} ms"
+        )
+    RESULTS[label] = results
+    assert results["goodput"].avg_jct_s <= results["fifo"].avg_jct_s * 1.001, label
+
+
+@pytest.mark.benchmark
+def test_summary_of_where_each_policy_wins() -> None:
+    if not RESULTS:
+        pytest.skip("run with the sweep's cases")
+    wins: dict[str, list[str]] = {p: [] for p in POLICIES}
+    print(f"\n{DEFAULT_POLICY} vs fair per trace (target: >= 15% lower avg JCT, p99 not worse):")
+    for label, results in RESULTS.items():
+        wins[min(results, key=lambda p: results[p].avg_jct_s)].append(label)
         default, fair = results[DEFAULT_POLICY], results["fair"]
         gain = 1 - default.avg_jct_s / fair.avg_jct_s
         p99_ok = default.p99_jct_s <= fair.p99_jct_s * 1.001
-        verdicts.append((label, gain, p99_ok))
-        assert results["goodput"].avg_jct_s <= results["fifo"].avg_jct_s * 1.001, label
-    print(f"\n{DEFAULT_POLICY} vs fair per trace (target: >= 15% lower avg JCT, p99 not worse):")
-    for label, gain, p99_ok in verdicts:
         mark = "meets" if gain >= 0.15 and p99_ok else "MISSES"
-        print(
-            f"  {label:38s} avg JCT {gain:+6.1%} lower, p99 {'ok' if p99_ok else 'WORSE'}: {mark}"
-        )
-    print("\nlowest average JCT:")
+        print(f"  {label:34s} avg JCT {gain:+6.1%}, p99 {'ok' if p99_ok else 'WORSE'}: {mark}")
+    print("lowest average JCT:")
     for policy, labels in wins.items():
         print(f"  {policy:8s} {len(labels):2d} traces: {', '.join(labels) or '-'}")
