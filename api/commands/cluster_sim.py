@@ -3,6 +3,7 @@
     hetsched cluster-sim --cluster deploy/clusters/hetero-64.yaml \\
         --trace deploy/traces/example.csv --policy fifo,fair,goodput [--json] [--chart jct.png]
     hetsched cluster-sim --generate 200 --rate 6 --seed 0 [-o trace.csv]
+    hetsched cluster-sim --trace gavel.trace --trace-format gavel [-o trace.csv]
 
 The first form runs :func:`scheduler.clustersim.simulator.simulate` once per policy (no
 training, the cost model only) and prints a table of average, median and 99th
@@ -10,7 +11,10 @@ percentile job completion time, makespan, utilisation and slowest decision;
 ``--json`` prints one JSON object and nothing else; ``--chart`` writes a PNG
 of every job's completion time per policy (needs matplotlib: the ``plot``
 extra). The second form writes a generated trace (CSV, see
-:mod:`scheduler.clustersim.trace`) to ``-o`` or stdout.
+:mod:`scheduler.clustersim.trace`) to ``-o`` or stdout. ``--trace-format gavel|sia``
+reads a public trace (Gavel's ``.trace``, Sia's workload CSV) and converts each job
+into a transformer job of the same duration (:mod:`scheduler.clustersim.imports`);
+without ``--cluster`` the third form writes the converted trace.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from typing import Any
 
 from api.commands.common import add_command
 from api.commands.plan import format_table
+from scheduler.clustersim.imports import TRACE_FORMATS, load_any
 from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
-from scheduler.clustersim.trace import TraceJob, generate_trace, load_trace, trace_to_csv
+from scheduler.clustersim.trace import TraceJob, generate_trace, trace_to_csv
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
@@ -48,6 +53,13 @@ def add_parser(subparsers: Any) -> None:
     parser = add_command(subparsers, "cluster-sim", run, help=HELP, description=DESCRIPTION)
     parser.add_argument("--cluster", metavar="FILE", type=Path, help="cluster spec (YAML)")
     parser.add_argument("--trace", metavar="FILE", type=Path, help="job trace (CSV)")
+    parser.add_argument(
+        "--trace-format",
+        default="csv",
+        metavar="FORMAT",
+        help=f"format of --trace: {', '.join(TRACE_FORMATS)} (gavel, sia: public traces, "
+        "converted to transformer jobs of the same duration; default %(default)s)",
+    )
     parser.add_argument(
         "--policy",
         default=",".join(POLICIES),
@@ -103,21 +115,18 @@ def run(args: argparse.Namespace) -> int:
     if args.generate is not None:
         if args.cluster or args.trace or args.json or args.chart:
             raise HetschedError("--generate: writes a trace; run it without --cluster/--trace")
-        jobs = generate_trace(args.generate, jobs_per_hour=args.rate, seed=args.seed)
-        text = trace_to_csv(jobs)
-        if args.output:
-            args.output.write_text(text)
-            print(f"wrote {len(jobs)} jobs to {args.output}", file=sys.stderr)
-        else:
-            sys.stdout.write(text)
-        return 0
+        return _write(
+            generate_trace(args.generate, jobs_per_hour=args.rate, seed=args.seed), args.output
+        )
+    if args.trace and not args.cluster and args.trace_format != "csv":
+        return _write(load_any(args.trace, args.trace_format), args.output)
     if not args.cluster or not args.trace:
         raise HetschedError("give --cluster FILE and --trace FILE, or --generate N")
     policies = _policies(args.policy)
     if args.chart:
         _pyplot()  # before minutes of simulation, not after
     cluster = load_cluster(args.cluster)
-    trace = load_trace(args.trace)
+    trace = load_any(args.trace, args.trace_format)
     settings = SimSettings(
         round_s=args.round_s,
         reallocation_s=args.reallocation_s,
@@ -136,6 +145,17 @@ def run(args: argparse.Namespace) -> int:
         print(render(cluster, args.trace, trace, results))
     if args.chart:
         write_chart(results, args.chart)
+    return 0
+
+
+def _write(jobs: list[TraceJob], output: Path | None) -> int:
+    """A trace as CSV to ``output`` or stdout."""
+    text = trace_to_csv(jobs)
+    if output:
+        output.write_text(text)
+        print(f"wrote {len(jobs)} jobs to {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

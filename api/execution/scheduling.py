@@ -8,6 +8,7 @@ store has profiles (:class:`Demands`); each round leaves a :class:`Schedule`, wh
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -139,6 +140,8 @@ class Demands:
     _models: dict[str, tuple[str, ModelPreset]] = field(default_factory=dict)
     _sources: dict[str, str] = field(default_factory=dict)
     _t0: float = field(default_factory=time.time)
+    _restart_s: dict[str, float] = field(default_factory=dict)
+    """Median recorded recovery time per job that has recovered at least once."""
 
     def rates_for(self, cluster: Cluster) -> PlannedRates:
         if self.rates is None:
@@ -172,10 +175,26 @@ class Demands:
             priority=job.spec.priority,
             min_devices=job.spec.min_devices,
             max_devices=job.spec.max_devices,
+            restart_s=self.restart_s(job.id),
             held=held,
             arrival_s=created - self._t0,
             waiting_s=0.0 if held else max(0.0, time.time() - created),
         )
+
+    def restart_s(self, job_id: str) -> float | None:
+        """What moving the job costs, from the restarts the store recorded: the median
+        ``recover_s`` of its own recoveries, else of every job's seen so far; ``None``
+        (the policy's ``reallocation_s``) before any was recorded."""
+        own = [
+            float(e.data["recover_s"])
+            for e in self.store.events(job_id)
+            if e.kind == "recovery" and "recover_s" in e.data
+        ]
+        if own:
+            self._restart_s[job_id] = statistics.median(own)
+        if job_id in self._restart_s:
+            return self._restart_s[job_id]
+        return statistics.median(self._restart_s.values()) if self._restart_s else None
 
     def forget(self, job_id: str) -> None:
         self._models.pop(job_id, None)

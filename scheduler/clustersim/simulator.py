@@ -182,6 +182,8 @@ class _Live:
             priority=job.priority,
             min_devices=job.min_devices,
             max_devices=job.max_devices,
+            device_types=job.device_types,
+            restart_s=job.restart_s,
             held=self.devices,
             arrival_s=job.arrival_s,
             waiting_s=0.0 if self.devices else now_s - self.waiting_since_s,
@@ -193,11 +195,13 @@ def check_runnable(cluster: Cluster, trace: list[TraceJob], rates: PlannedRates)
     classes = ClusterClasses.of(cluster)
     for job in trace:
         rate = job_rate(rates, model=job.model, global_batch=job.global_batch)
-        fits = single_rates(classes, classes.ids, rate)
+        allowed = [c for c in classes.ids if job.device_types is None or c.type in job.device_types]
+        fits = single_rates(classes, allowed, rate)
         usable = sum(classes.capacity(c) for c in fits)
         if not fits:
+            types = "" if job.device_types is None else f" of type {'|'.join(job.device_types)}"
             raise SimulationError(
-                f"trace job {job.name!r}: model {job.model} fits no device of {cluster.name}"
+                f"trace job {job.name!r}: model {job.model} fits no device{types} of {cluster.name}"
             )
         if usable < job.min_devices:
             raise SimulationError(
@@ -222,9 +226,9 @@ def simulate(
     events a job progresses at its allocation's planned rate (samples/s from the
     data-parallel planner, so steps/s = samples/s / global_batch). Changing the
     devices of a job that already made progress (move, grow, shrink, resume after
-    preemption) costs ``reallocation_s`` without progress: checkpoint, restart on
-    the new devices, restore (DESIGN.md, "A job's life"); a job's first start is
-    free.
+    preemption) costs the job's ``restart_s`` (else ``reallocation_s``) without
+    progress: checkpoint, restart on the new devices, restore (DESIGN.md, "A job's
+    life"); a job's first start is free.
     """
     settings = settings or SimSettings()
     rates = rates or PlannedRates.for_cluster(cluster)
@@ -364,7 +368,8 @@ def _apply(
         live.start_s = now_s
     live.devices = devices
     live.rate = rate
-    live.resume_s = now_s + (settings.reallocation_s if moved and devices else 0.0)
+    restart_s = settings.reallocation_s if live.job.restart_s is None else live.job.restart_s
+    live.resume_s = now_s + (restart_s if moved and devices else 0.0)
     live.records.append(
         AllocationRecord(t_s=now_s, devices=devices, samples_per_s=rate, resume_s=live.resume_s)
     )

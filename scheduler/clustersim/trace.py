@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from scheduler.errors import HetschedError
+from scheduler.hardware.catalogue import known_types, lookup
 from scheduler.models.presets import PRESETS
 from scheduler.policy.rates import Config, DeviceClass, PlannedRates
 
 K = TypeVar("K")
 
 REQUIRED = ("name", "arrival_s", "model", "global_batch", "steps")
-OPTIONAL = ("priority", "min_devices", "max_devices")
+OPTIONAL = ("priority", "min_devices", "max_devices", "restart_s", "device_types")
 COLUMNS = (*REQUIRED, *OPTIONAL)
 
 
@@ -39,6 +40,11 @@ class TraceJob:
     priority: float = 1.0
     min_devices: int = 1
     max_devices: int | None = None
+    restart_s: float | None = None
+    """Seconds a restart of this job costs (checkpoint, restart, restore); ``None``: the
+    replay's ``reallocation_s``."""
+    device_types: tuple[str, ...] | None = None
+    """Catalogue types it may run on; ``None``: any."""
 
     def to_row(self) -> dict[str, str]:
         return {
@@ -50,6 +56,8 @@ class TraceJob:
             "priority": f"{self.priority:g}",
             "min_devices": str(self.min_devices),
             "max_devices": "" if self.max_devices is None else str(self.max_devices),
+            "restart_s": "" if self.restart_s is None else f"{self.restart_s:g}",
+            "device_types": "|".join(self.device_types or ()),
         }
 
 
@@ -69,6 +77,24 @@ def _number(where: str, text: str, *, integer: bool, minimum: float, strict: boo
     return value
 
 
+def _device_types(where: str, text: str) -> tuple[str, ...] | None:
+    """``A100-40GB|T4-16GB`` as canonical catalogue keys; empty: any type."""
+    if not text:
+        return None
+    out = []
+    for name in (t.strip() for t in text.split("|")):
+        try:
+            out.append(lookup(name).key if name else "")
+        except KeyError:
+            out.append("")
+        if not out[-1]:
+            raise TraceError(
+                f"{where}: unknown GPU type {name!r}; separate types with '|', known: "
+                f"{', '.join(known_types())}"
+            )
+    return tuple(dict.fromkeys(out))
+
+
 def _job(row: dict[str, str | None], line: int) -> TraceJob:
     def where(column: str) -> str:
         return f"trace row {line}, column {column}"
@@ -82,6 +108,7 @@ def _job(row: dict[str, str | None], line: int) -> TraceJob:
     priority = _cell(row, "priority")
     min_devices = _cell(row, "min_devices")
     max_devices = _cell(row, "max_devices")
+    restart = _cell(row, "restart_s")
     job = TraceJob(
         name=_cell(row, "name"),
         arrival_s=_number(where("arrival_s"), _cell(row, "arrival_s"), integer=False, minimum=0),
@@ -99,6 +126,10 @@ def _job(row: dict[str, str | None], line: int) -> TraceJob:
         max_devices=int(_number(where("max_devices"), max_devices, integer=True, minimum=1))
         if max_devices
         else None,
+        restart_s=_number(where("restart_s"), restart, integer=False, minimum=0)
+        if restart
+        else None,
+        device_types=_device_types(where("device_types"), _cell(row, "device_types")),
     )
     if job.max_devices is not None and job.max_devices < job.min_devices:
         raise TraceError(
@@ -122,7 +153,11 @@ def parse_trace(text: str) -> list[TraceJob]:
 
     - ``priority``: weight > 0, default 1;
     - ``min_devices``: the job waits rather than run on fewer, default 1;
-    - ``max_devices``: never more than this; empty: as many as help.
+    - ``max_devices``: never more than this; empty: as many as help;
+    - ``restart_s``: seconds one restart of this job costs (checkpoint, restart on new
+      devices, restore); empty: the replay's ``--reallocation-s``;
+    - ``device_types``: catalogue types it may run on, separated by ``|``
+      (``A100-40GB|V100-32GB``); empty: any.
 
     Example::
 
@@ -210,7 +245,17 @@ def _draw(rng: random.Random, mix: dict[K, float]) -> K:
     return rng.choices(keys, weights=[mix[k] for k in keys])[0]
 
 
-def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[TraceJob]:
+LARGE_REQUEST_MIX = {1: 0.2, 2: 0.1, 4: 0.2, 8: 0.3, 16: 0.2}
+"""A mix of mostly multi-GPU requests, for sweeps over job size."""
+
+
+def generate_trace(
+    num_jobs: int,
+    *,
+    jobs_per_hour: float,
+    seed: int,
+    request_mix: dict[int, float] | None = None,
+) -> list[TraceJob]:
     """``num_jobs`` jobs arriving as a Poisson process; same seed, same trace.
 
     The mix is like those of published cluster traces (Microsoft Philly, Jeon et al.,
@@ -219,7 +264,8 @@ def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[Tr
     durations log-uniform from minutes to most of a day of one A100, and the GPT-2
     family of presets with the batch sizes people train them at. Durations are turned
     into steps through the planner's rate on one A100-40GB, so a trace means the same
-    amount of work on any cluster.
+    amount of work on any cluster. ``request_mix`` replaces :data:`REQUEST_MIX` (GPUs
+    asked for -> share of jobs).
     """
     if num_jobs < 1:
         raise TraceError(f"--generate: must be >= 1 jobs, got {num_jobs}")
@@ -234,7 +280,7 @@ def generate_trace(num_jobs: int, *, jobs_per_hour: float, seed: int) -> list[Tr
     for i in range(num_jobs):
         model = _draw(rng, MODEL_MIX)
         batch = rng.choice(BATCHES[model])
-        request = _draw(rng, REQUEST_MIX)
+        request = _draw(rng, request_mix or REQUEST_MIX)
         work_s = math.exp(rng.uniform(math.log(lo), math.log(hi)))
         step_s = batch / rates(model=model, global_batch=batch, config=one_a100)
         jobs.append(

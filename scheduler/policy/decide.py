@@ -215,7 +215,11 @@ def _decide_shared(
             free[c] -= n
         admitted.append((view, minimum))
     memo: dict[tuple[object, ...], list[Config]] = {}
-    options = [_options(classes, v, m, rate_fn, settings, policy, memo) for v, m in admitted]
+    boost = _remaining_boost([v for v, _ in admitted], settings.remaining_weight)
+    options = [
+        _options(classes, v, m, rate_fn, settings, policy, memo, boost.get(v.job.name, 1.0))
+        for v, m in admitted
+    ]
     capacity = {c: len(ids) for c, ids in classes.ids.items()}
     weights = [v.job.priority for v, _ in admitted]
     if policy == "goodput" and options:
@@ -256,6 +260,7 @@ def _options(
     settings: PolicySettings,
     policy: PolicyName,
     memo: dict[tuple[object, ...], list[Config]],
+    boost: float = 1.0,
 ) -> list[Option]:
     job = view.job
 
@@ -292,12 +297,27 @@ def _options(
         if moves:
             # A move pays its restart out of the job's remaining time, plus a margin.
             remaining_s = job.samples_left / r
-            keep = (
-                (1 - settings.move_penalty) * remaining_s / (remaining_s + settings.reallocation_s)
-            )
-        value = normalised * keep * (job.priority if policy == "goodput" else 1.0)
+            restart_s = settings.reallocation_s if job.restart_s is None else job.restart_s
+            keep = (1 - settings.move_penalty) * remaining_s / (remaining_s + restart_s)
+        value = normalised * keep * (job.priority * boost if policy == "goodput" else 1.0)
         out.append(Option(config=config, value=value, normalised=normalised))
     return out
+
+
+def _remaining_boost(views: list[_JobView], power: float) -> dict[str, float]:
+    """Per job: (median remaining time / its own) ** ``power``, within [1/4, 4]; remaining
+    times on an equal share of the cluster (an SRPT-like lean when ``power`` > 0)."""
+    if power <= 0 or not views:
+        return {}
+    remaining = {
+        v.job.name: max(v.job.samples_left / v.equal_rate, 1.0) if v.equal_rate > 0 else math.inf
+        for v in views
+    }
+    finite = sorted(r for r in remaining.values() if math.isfinite(r))
+    if not finite:
+        return {}
+    mid = finite[len(finite) // 2]
+    return {n: min(4.0, max(0.25, (mid / r) ** power)) for n, r in remaining.items()}
 
 
 def _fairness_floor(

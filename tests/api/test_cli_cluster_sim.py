@@ -149,3 +149,21 @@ def test_a_bad_trace_row_names_row_and_column(
 def test_missing_inputs_say_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "cluster-sim")
     assert code == 2 and "give --cluster FILE and --trace FILE, or --generate N" in err
+
+
+def test_a_public_trace_converts_and_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    public = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "public"
+    out_file = tmp_path / "sia.csv"
+    sia = public / "sia-newtrace-workload-1.csv"
+    code, _, err = run_cli(
+        capsys, "cluster-sim", "--trace", str(sia), "--trace-format", "sia", "-o", str(out_file)
+    )
+    assert code == 0 and "wrote 60 jobs" in err
+    jobs = load_trace(out_file)
+    assert jobs[0].name == "deepspeech2-0" and jobs[0].max_devices == 8
+    code, _, err = run_cli(
+        capsys, "cluster-sim", "--trace", str(sia), "--trace-format", "philly", "-o", "x"
+    )
+    assert code == 2 and "--trace-format: unknown 'philly'; allowed: csv, gavel, sia" in err

@@ -85,6 +85,27 @@ def test_a_move_costs_the_reallocation_delay(results: dict[PolicyName, SimResult
     assert all(r.num_reallocations == 0 for r in results.values() if r.policy == "fifo")
 
 
+def test_a_jobs_own_restart_cost_and_device_types_are_honoured() -> None:
+    """A trace row's ``restart_s`` replaces the replay-wide restart charge, and its
+    ``device_types`` keep it off every other type, under every policy."""
+    cluster = small_mixed()
+    rates = PlannedRates.for_cluster(cluster)
+    trace = [
+        replace(j, restart_s=7.0, device_types=("T4-16GB", "RTX2080TI-11GB"))
+        for j in short_trace(10, seed=3)
+        if j.model in ("gpt2-small", "gpt2-medium")  # what fits a T4 or a 2080 Ti
+    ]
+    for policy in POLICIES:
+        result = simulate(cluster, trace, policy=policy, rates=rates)
+        assert len(result.jobs) == len(trace)
+        for j in result.jobs:
+            for a in j.allocations:
+                assert all(not d.startswith("a/") for d in a.devices), (policy, j.name)
+            for a in j.allocations[1:]:
+                if a.devices:
+                    assert a.resume_s == pytest.approx(a.t_s + 7.0), (policy, j.name)
+
+
 def test_goodput_is_no_worse_than_fair_on_a_homogeneous_cluster() -> None:
     cluster = homogeneous()
     rates = PlannedRates.for_cluster(cluster)

@@ -67,6 +67,14 @@ def test_optional_columns_default_and_rows_sort_by_arrival() -> None:
         ("name,arrival_s,model,steps\n", "trace row 1: column global_batch is missing"),
         (f"{HEADER}\na,0,gpt2-small,64,10,7\n", "trace row 2: 6 cells, the header has 5"),
         (f"{HEADER}\n", "trace: no jobs"),
+        (
+            f"{HEADER},restart_s\na,0,gpt2-small,64,10,-1\n",
+            "trace row 2, column restart_s: must be a number >= 0, got '-1'",
+        ),
+        (
+            f"{HEADER},device_types\na,0,gpt2-small,64,10,A100-40GB|H800\n",
+            "trace row 2, column device_types: unknown GPU type 'H800'",
+        ),
     ],
 )
 def test_bad_rows_name_row_and_column(text: str, message: str) -> None:
@@ -74,6 +82,16 @@ def test_bad_rows_name_row_and_column(text: str, message: str) -> None:
         parse_trace(text)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_restart_cost_and_device_types_parse_and_round_trip() -> None:
+    text = f"{HEADER},restart_s,device_types\na,0,gpt2-small,64,10,12.5,a100-40gb|T4-16GB\n"
+    (job,) = parse_trace(text)
+    assert job.restart_s == 12.5
+    assert job.device_types == ("A100-40GB", "T4-16GB"), "canonical catalogue keys"
+    assert parse_trace(trace_to_csv([job])) == [job]
+    (plain,) = parse_trace(f"{HEADER}\na,0,gpt2-small,64,10\n")
+    assert (plain.restart_s, plain.device_types) == (None, None)
 
 
 def test_generator_is_seeded_and_round_trips_through_csv(tmp_path: Path) -> None:

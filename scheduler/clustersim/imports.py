@@ -1,0 +1,256 @@
+"""Public job traces as hetsched traces: Gavel's physical-cluster traces and Sia's workloads.
+
+Each job of a published trace becomes a transformer job that takes as long, on the
+GPUs it asked for of the type it was recorded on, as the original did (under
+hetsched's cost model, :class:`~scheduler.policy.rates.PlannedRates`):
+
+1. The original duration ``D`` (seconds) and GPU count ``n`` come from the trace
+   (how, per format, below).
+2. The model is picked by the job's size class in GPU-hours ``n·D/3600``, the classes
+   Sia's workload generator uses (< 1, 1–10, 10–100, >= 100 GPU-hours;
+   ``sia-simulator/utils/generate_workload.py`` in github.com/siasosp23/artifacts):
+   ``gpt2-small``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``. When that preset
+   does not fit the original GPU (a K80 or an RTX 2080 Ti holds no ``gpt2-large``),
+   the largest smaller preset that fits stands in.
+3. The global batch is :data:`PER_DEVICE_BATCH` samples per device times ``n``.
+4. Steps = ``D`` × (samples/s of that model and batch on ``n`` devices of the original
+   type, one node when they fit on one of :data:`NODE_SIZE`) / batch, rounded: replaying
+   the job alone on those devices takes ``D`` again, within half a step (the round
+   trip test allows 1%).
+
+Formats:
+
+- ``gavel``: a ``.trace`` file of Gavel's ``scheduler/traces/`` (github.com/
+  stanford-futuredata/gavel; Narayanan et al., OSDI'20): one job a line, ten
+  tab-separated fields: job type, command, working directory, steps argument,
+  needs-data-dir flag, total steps, scale factor (GPUs), priority weight, SLO,
+  arrival time (s). Durations are ``total_steps / (scale_factor × steps/s on one
+  V100)``, with the one-V100 throughputs of Gavel's ``scheduler/oracle_throughputs.json``
+  (:data:`GAVEL_V100_STEPS_PER_S`; linear scaling across GPUs assumed). Jobs are
+  rigid (Gavel does not resize them): ``min_devices = max_devices = scale factor``;
+  the original GPU is a ``V100-16GB``.
+- ``sia``: a workload CSV of Sia's artifact (``sia-simulator/workloads/{philly,saturn,
+  newtrace}/``; Jayaram Subramanya et al., SOSP'23), columns ``name, time,
+  application, num_replicas, batch_size`` and optionally ``category``. The CSV has no
+  duration: Sia's generator picks the application by the source job's GPU-time class
+  (``cifar10`` < 1 GPU-hour, ``deepspeech2``/``bert`` 1–10, ``yolov3`` 10–100,
+  ``imagenet`` >= 100), so each job gets its class's log-midpoint
+  (:data:`SIA_GPU_HOURS`) spread over ``num_replicas`` RTX 2080 Ti (Sia's base GPU
+  type, ``rtx``). Jobs are adaptive up to their ``num_replicas`` (``min_devices`` 1),
+  or rigid where ``category`` says ``rigid``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from scheduler.clustersim.trace import TraceError, TraceJob, parse_trace
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.policy.configs import ClusterClasses
+from scheduler.policy.rates import Config, PlannedRates
+
+TraceFormat = Literal["csv", "gavel", "sia"]
+TRACE_FORMATS: tuple[TraceFormat, ...] = ("csv", "gavel", "sia")
+
+SIZE_CLASSES: tuple[tuple[float, str], ...] = (
+    (1.0, "gpt2-small"),
+    (10.0, "gpt2-medium"),
+    (100.0, "gpt2-large"),
+    (math.inf, "gpt2-xl"),
+)
+"""(GPU-hours below which, preset): Sia's generator's size classes."""
+PER_DEVICE_BATCH = {"gpt2-small": 16, "gpt2-medium": 8, "gpt2-large": 4, "gpt2-xl": 4}
+NODE_SIZE = 8
+"""GPUs per node of the original cluster (Sia's generator: ``NGPUS_PER_NODE = 8``)."""
+
+GAVEL_GPU = "V100-16GB"
+GAVEL_V100_STEPS_PER_S = {
+    "ResNet-18 (batch size 128)": 30.2875,
+    "ResNet-18 (batch size 256)": 16.9874,
+    "ResNet-50 (batch size 64)": 5.4576,
+    "ResNet-50 (batch size 128)": 2.8460,
+    "Transformer (batch size 128)": 5.7712,
+    "Transformer (batch size 256)": 1.7070,
+    "LM (batch size 40)": 71.7230,
+    "LM (batch size 80)": 43.9036,
+}
+"""Isolated steps/s on one V100 (the ``"null"`` entries under ``"v100"`` of Gavel's
+``scheduler/oracle_throughputs.json``) for the job types of its physical-cluster traces."""
+
+SIA_GPU = "RTX2080TI-11GB"
+SIA_GPU_HOURS = {
+    "cifar10": 0.13,  # sqrt(1/60 * 1): the generator drops jobs under a minute
+    "deepspeech2": 3.2,
+    "bert": 3.2,
+    "yolov3": 32.0,
+    "imagenet": 320.0,
+}
+"""GPU-hours per Sia application: the log-midpoint of the class it stands for."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OriginalJob:
+    """A job as a public trace records it, before conversion."""
+
+    name: str
+    arrival_s: float
+    duration_s: float
+    num_devices: int
+    gpu_type: str
+    priority: float = 1.0
+    rigid: bool = False
+
+
+def reference_config(gpu_type: str, num_devices: int) -> Config:
+    """``num_devices`` GPUs of ``gpu_type`` as the original cluster held them: nodes of
+    :data:`NODE_SIZE`, one node when they fit on one."""
+    nodes = [
+        {"name": f"n{i}", "devices": [{"type": gpu_type, "count": min(NODE_SIZE, left)}]}
+        for i, left in enumerate(range(num_devices, 0, -NODE_SIZE))
+    ]
+    classes = ClusterClasses.of(parse_cluster({"name": "original", "nodes": nodes}))
+    (device_class,) = classes.ids
+    return classes.config({device_class: num_devices})
+
+
+def convert(job: OriginalJob, rates: PlannedRates) -> TraceJob:
+    """The transformer job of the same duration (the module docstring says how)."""
+    n = job.num_devices
+    config = reference_config(job.gpu_type, n)
+    gpu_hours = job.duration_s * n / 3600
+    wanted = next(i for i, (below, _) in enumerate(SIZE_CLASSES) if gpu_hours < below)
+    for _, model in reversed(SIZE_CLASSES[: wanted + 1]):
+        batch = PER_DEVICE_BATCH[model] * n
+        rate = rates(model=model, global_batch=batch, config=config)
+        if rate > 0:
+            break
+    else:
+        raise TraceError(
+            f"trace job {job.name!r}: no preset fits {n} x {job.gpu_type}, its original GPUs"
+        )
+    return TraceJob(
+        name=job.name,
+        arrival_s=round(job.arrival_s, 3),
+        model=model,
+        global_batch=batch,
+        steps=max(1, round(job.duration_s * rate / batch)),
+        priority=job.priority,
+        min_devices=n if job.rigid else 1,
+        max_devices=n,
+    )
+
+
+def original_duration_s(job: TraceJob, gpu_type: str, rates: PlannedRates) -> float:
+    """How long ``job`` takes alone on its ``max_devices`` GPUs of ``gpu_type``: the
+    inverse of :func:`convert`."""
+    n = job.max_devices or 1
+    rate = rates(
+        model=job.model, global_batch=job.global_batch, config=reference_config(gpu_type, n)
+    )
+    return job.steps * job.global_batch / rate
+
+
+def parse_gavel(text: str) -> list[OriginalJob]:
+    """Jobs of a Gavel ``.trace`` document (format in the module docstring)."""
+    jobs: list[OriginalJob] = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        where = f"gavel trace line {line_no}"
+        if len(fields) != 10:
+            raise TraceError(f"{where}: {len(fields)} tab-separated fields, a Gavel job has 10")
+        job_type = fields[0].strip()
+        steps_per_s = GAVEL_V100_STEPS_PER_S.get(job_type)
+        if steps_per_s is None:
+            raise TraceError(
+                f"{where}, job type: {job_type!r} has no V100 throughput here; known: "
+                f"{', '.join(GAVEL_V100_STEPS_PER_S)}"
+            )
+        total_steps = _field(where, "total steps", fields[5], integer=True)
+        scale = int(_field(where, "scale factor", fields[6], integer=True))
+        jobs.append(
+            OriginalJob(
+                name=f"gavel-{len(jobs):04d}",
+                arrival_s=_field(where, "arrival time", fields[9], integer=False, minimum=0),
+                duration_s=total_steps / (scale * steps_per_s),
+                num_devices=scale,
+                gpu_type=GAVEL_GPU,
+                priority=_field(where, "priority weight", fields[7], integer=False),
+                rigid=True,
+            )
+        )
+    if not jobs:
+        raise TraceError("gavel trace: no jobs")
+    return jobs
+
+
+def parse_sia(text: str) -> list[OriginalJob]:
+    """Jobs of a Sia workload CSV (format in the module docstring)."""
+    reader = csv.DictReader(io.StringIO(text))
+    need = ("name", "time", "application", "num_replicas")
+    missing = [c for c in need if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceError(
+            f"sia trace row 1: column {missing[0]} is missing; needs {', '.join(need)}"
+        )
+    jobs: list[OriginalJob] = []
+    for row in reader:
+        where = f"sia trace row {reader.line_num}"
+        app = (row.get("application") or "").strip()
+        if app not in SIA_GPU_HOURS:
+            raise TraceError(
+                f"{where}, column application: unknown {app!r}; known: {', '.join(SIA_GPU_HOURS)}"
+            )
+        n = int(_field(where, "column num_replicas", row["num_replicas"] or "", integer=True))
+        jobs.append(
+            OriginalJob(
+                name=(row.get("name") or "").strip() or f"sia-{len(jobs)}",
+                arrival_s=_field(where, "column time", row["time"] or "", integer=False, minimum=0),
+                duration_s=SIA_GPU_HOURS[app] * 3600 / n,
+                num_devices=n,
+                gpu_type=SIA_GPU,
+                rigid=(row.get("category") or "").strip() == "rigid",
+            )
+        )
+    if not jobs:
+        raise TraceError("sia trace: no jobs")
+    return jobs
+
+
+def _field(where: str, what: str, text: str, *, integer: bool, minimum: float = 1) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < minimum or (integer and value != int(value)):
+        kind = "an integer" if integer else "a number"
+        raise TraceError(f"{where}, {what}: must be {kind} >= {minimum:g}, got {text.strip()!r}")
+    return value
+
+
+def import_trace(text: str, trace_format: TraceFormat) -> list[TraceJob]:
+    """A trace document of ``trace_format`` as hetsched jobs, sorted by arrival."""
+    if trace_format == "csv":
+        return parse_trace(text)
+    originals = parse_gavel(text) if trace_format == "gavel" else parse_sia(text)
+    rates = PlannedRates()
+    return sorted((convert(j, rates) for j in originals), key=lambda j: j.arrival_s)
+
+
+def load_any(path: str | Path, trace_format: TraceFormat) -> list[TraceJob]:
+    path = Path(path)
+    if trace_format not in TRACE_FORMATS:
+        raise TraceError(
+            f"--trace-format: unknown {trace_format!r}; allowed: {', '.join(TRACE_FORMATS)}"
+        )
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from exc
+    return import_trace(text, trace_format)
