@@ -54,8 +54,12 @@ def test_submit_list_status_stop(server: str, capsys: pytest.CaptureFixture[str]
     assert (job["spec"]["priority"], job["spec"]["replan"]) == (2.5, False)
     assert job["spec"]["max_failures"] == 3, "fields not given are the server's defaults"
 
-    assert main(["submit", "--name", "demo", "--submission-id", "k1"]) == 0
+    assert main([*argv, "--submission-id", "k1", "--priority", "2.5", "--no-replan"]) == 0
     assert capsys.readouterr().out.strip() == f"submitted job {job['id']} (demo): PENDING"
+    # The same key with another spec is refused in one line, not answered with the old job.
+    assert main(["submit", "--name", "demo", "--submission-id", "k1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "submission_id" in err and job["id"] in err
 
     assert main(["jobs"]) == 0
     table = capsys.readouterr().out.splitlines()

@@ -111,7 +111,7 @@ def test_disjoint_jobs_stop_and_restart(live: Callable[[], TestClient]) -> None:
         assert refused.status_code == 409 and "RUNNING" in refused.json()["detail"]
         text = client.get("/metrics").text
         assert 'hetsched_jobs{state="RUNNING"} 2.0' in text
-        assert f'hetsched_job_step_seconds{{job="{a["id"]}"}}' in text
+        assert f'hetsched_job_step_seconds{{job_id="{a["id"]}"}}' in text
         holders = {
             d["id"]: d["job_id"]
             for n in client.get("/api/v1/cluster").json()["nodes"]
