@@ -174,16 +174,24 @@ def engine_kind(rank: RankSpec) -> EngineKind:
 def make_ranks(
     plan: Plan, *, preset: ModelPreset, pacing_of: PacingOf, cache_dir: Path
 ) -> list[RankSpec]:
-    """The rank specs of ``plan``'s active devices (data-parallel or pipeline alike)."""
+    """The rank specs of ``plan``'s devices: data-parallel, pipeline or fully sharded alike."""
     if not plan.active:
         raise WorkerError("plan: no device has any samples")
+    shards: list[ShardRole | None]
     if is_sharded(plan):
-        return _sharded_ranks(plan, preset=preset, pacing_of=pacing_of)
-    roles = _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
+        # every device that computes or owns states: one may own states and compute nothing
+        devices = [d for d in plan.devices if d.samples > 0 or (d.shard or 0.0) > 0]
+        roles: list[tuple[DevicePlan, StageRole | None]] = [(d, None) for d in devices]
+        shards = list(shard_roles(devices))
+    else:
+        roles = (
+            _stage_roles(plan, preset) if needs_pipeline(plan) else [(d, None) for d in plan.active]
+        )
+        shards = [None] * len(roles)
     loss_scaling = needs_loss_scaling(d.precision for d, _ in roles)
     pieces = None
     ranks = []
-    for rank, (d, role) in enumerate(roles):
+    for rank, ((d, role), shard) in enumerate(zip(roles, shards, strict=True)):
         capacity, pacing = pacing_of(d.id)
         if pacing is not None and role is not None:  # paced by its own pieces' host time
             if pieces is None:
@@ -202,6 +210,7 @@ def make_ranks(
                 capacity_bytes=capacity,
                 pacing=pacing,
                 stage=role,
+                shard=shard,
                 loss_scaling=loss_scaling,
                 **_share(d),
             )
@@ -231,32 +240,6 @@ def _stage_roles(plan: Plan, preset: ModelPreset) -> list[tuple[DevicePlan, Stag
         )
         roles.append((d, role))
     return roles
-
-
-def _sharded_ranks(plan: Plan, *, preset: ModelPreset, pacing_of: PacingOf) -> list[RankSpec]:
-    """Rank specs of a fully-sharded plan: every device that computes or owns states,
-    in plan order (a device may own states and compute no samples)."""
-    devices = [d for d in plan.devices if d.samples > 0 or (d.shard or 0.0) > 0]
-    roles = shard_roles(devices)
-    loss_scaling = needs_loss_scaling(d.precision for d in devices)
-    ranks = []
-    for rank, (d, role) in enumerate(zip(devices, roles, strict=True)):
-        capacity, pacing = pacing_of(d.id)
-        if pacing is not None:
-            pacing = with_recompute(pacing, preset, d.recompute)
-        ranks.append(
-            RankSpec(
-                device_id=d.id,
-                rank=rank,
-                world_size=len(devices),
-                capacity_bytes=capacity,
-                pacing=pacing,
-                shard=role,
-                loss_scaling=loss_scaling,
-                **_share(d),
-            )
-        )
-    return ranks
 
 
 def shard_roles(devices: list[DevicePlan]) -> list[ShardRole]:
