@@ -29,7 +29,7 @@ from workers.devices.pacing import Pacing, PacingOf, no_pacing, simulated_pacing
 from workers.errors import WorkerError
 
 PROFILE_TIMEOUT_S = 600.0
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 """Bump when the measurement changes, so old cache entries are not reused."""
 
 

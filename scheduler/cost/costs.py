@@ -376,8 +376,9 @@ class ShardingFigures:
 
     @property
     def gathered_head_numel(self) -> int:
-        """Elements the head's all-gathers move (its own and, tied, the token table)."""
-        return self.head_numel + (self.tied_numel if self.tied_head else 0)
+        """Elements the head's all-gathers move: its own and, tied, the embedding's whole
+        unit (the runtime gathers units, and the token table shares one with the positions)."""
+        return self.head_numel + (self.embed_numel if self.tied_head else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {

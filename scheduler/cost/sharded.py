@@ -18,15 +18,18 @@ Zhao et al., 2023, with uneven shards as in Cephalo, ICS'25):
 - Per micro-batch and unit: all-gather before forward (the next unit's gather is
   issued while the current one computes: prefetch depth 1), free it after use;
   all-gather again before backward, then reduce-scatter (SUM) the unit's gradient
-  into the owned fp32 slice right after its backward. Memory in flight: two
-  gathered parameter copies and one unsharded gradient of the largest unit.
+  into the owned fp32 slice right after its backward. Memory in flight
+  (:func:`gathered_bytes`): two gathered parameter copies (the module in use and the
+  prefetched next one) and one unsharded gradient (its reduce-scatter in flight) of
+  the largest module, plus on gloo the prefetch's staging buffer.
 - Collectives run over the slowest link of the group and are priced as rings
   whose every step moves the largest shard: ``(N − 1) · θ · elements · bytes / bandwidth``
   with ``θ = max_i f_i``, plus a latency per collective (``collective_latency_s``:
   about 1 ms on gloo, tens of µs on NCCL). That is exactly gloo's padded collective
   (padding counted) and the largest shard bounds an uneven NCCL one the same way, so uneven shards
   cost communication and the planner only makes them as uneven as memory needs.
-  On gloo (``padded_collectives``) the gathered buffers hold ``N · θ`` × elements.
+  On gloo (``padded_collectives``) an all-gather stages ``N + 1`` slices of ``θ`` ×
+  elements (every rank's, padded, and the send) until it completes.
 - Overlap rule: a unit's collectives (``2 gathers + 1 reduce-scatter``) overlap the
   compute of its neighbours, so per micro-batch
 
@@ -96,23 +99,30 @@ class Classes:
 
 
 def _unit_figures(d: DeviceProfile, num_blocks: int) -> list[tuple[float, ...] | None]:
-    """Per mode: fixed then per-sample seconds of the embedding, a block and the head,
-    from the device's per-layer figures (the embedding and head run plain whatever the
-    blocks do); a device without them: the whole model spread over the blocks."""
+    """Per mode: fixed then per-sample seconds of the embedding, a block and the head.
+
+    A rank runs the whole model every micro-batch, so the device's whole-model figures
+    (``fixed_s + m·per_sample_s``, measured on the whole pass, and what a simulated
+    device is paced to) are its time; the per-layer figures only say how that time
+    splits over the units (the embedding and head run plain whatever the blocks do).
+    Measured apart, layers miss the whole pass's overhead (on the CPU simulation their
+    sum was 0.61 s against 0.82 s for a micro-batch of two), so each of the two sums
+    is scaled to the whole model's. Without per-layer figures: the whole model spread
+    over the blocks."""
     rows: list[tuple[float, ...] | None] = [None] * len(RECOMPUTE_MODES)
+    whole = {o.recompute: o for o in d.options()}
     if d.layers is not None:
         e, h = d.layers.embed, d.layers.head
         for o in d.layers.block.options():
-            rows[RECOMPUTE_MODES.index(o.recompute)] = (
-                e.fixed_s,
-                o.fixed_s,
-                h.fixed_s,
-                e.per_sample_s,
-                o.per_sample_s,
-                h.per_sample_s,
-            )
+            total = whole.get(o.recompute)
+            fixed = np.array([e.fixed_s, o.fixed_s, h.fixed_s])
+            per = np.array([e.per_sample_s, o.per_sample_s, h.per_sample_s])
+            if total is not None:
+                fixed = _scaled(fixed, total.fixed_s, num_blocks)
+                per = _scaled(per, total.per_sample_s, num_blocks)
+            rows[RECOMPUTE_MODES.index(o.recompute)] = (*fixed.tolist(), *per.tolist())
         return rows
-    for o in d.options():
+    for o in whole.values():
         rows[RECOMPUTE_MODES.index(o.recompute)] = (
             0.0,
             o.fixed_s / num_blocks,
@@ -122,6 +132,17 @@ def _unit_figures(d: DeviceProfile, num_blocks: int) -> list[tuple[float, ...] |
             0.0,
         )
     return rows
+
+
+def _scaled(parts: FloatArray, total: float, num_blocks: int) -> FloatArray:
+    """``parts`` (embedding, one block, head) scaled so that embedding + blocks + head
+    add up to ``total``; all on the blocks when the parts add up to nothing."""
+    counts = np.array([1.0, float(num_blocks), 1.0])
+    now = float(parts @ counts)
+    if now > 0:
+        out: FloatArray = parts * (total / now)
+        return out
+    return np.array([0.0, total / num_blocks, 0.0])
 
 
 def _device_row(d: DeviceProfile, num_blocks: int) -> list[float]:
@@ -207,7 +228,7 @@ class Collectives:
     """Per unit kind: two all-gathers and one reduce-scatter (s)."""
     first_gather_s: float
     gathered_bytes: float
-    """In flight on every rank: two gathered copies and one unsharded gradient."""
+    """In flight on every rank at most (:func:`gathered_bytes`)."""
 
 
 def unit_counts(sf: ShardingFigures) -> FloatArray:
@@ -230,11 +251,20 @@ def collectives(sf: ShardingFigures, num_ranks: int, theta: float, link_gbps: fl
 
 
 def gathered_bytes(sf: ShardingFigures, num_ranks: int, theta: float) -> float:
-    """Two gathered copies and one unsharded gradient of the largest unit; padded
-    collectives hold ``ranks × largest shard`` elements of each."""
+    """The most a rank holds beside its shard and activations, as the runtime's schedule
+    holds it (:mod:`workers.runtime.shards`): the gathered parameters of the module in use
+    and of the next one (prefetch depth 1), the unsharded gradient of the unit whose
+    reduce-scatter is in flight, and, on gloo, the staging buffer of the prefetch
+    (``ranks + 1`` slots of the largest slice: every rank's slice and the padded send);
+    each sized as the largest module (GPT's tied head gathers the embedding's unit)."""
     largest = max(sf.embed_numel, sf.block_numel, sf.gathered_head_numel)
-    held = num_ranks * math.ceil(theta * largest) if sf.padded_collectives else largest
-    return max(held, largest) * (2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element)
+    held = largest * (2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element)
+    if not sf.padded_collectives or num_ranks < 2:
+        return held
+    # +2: a slice cut by rounded cumulative fractions is at most one element past
+    # θ·numel, and a module of two units (GPT's head) stages both
+    width = math.ceil(theta * largest) + 2
+    return held + (num_ranks + 1) * width * sf.gather_bytes_per_element
 
 
 def link_gbps_of(links: Links, devices: Sequence[DeviceProfile]) -> float:

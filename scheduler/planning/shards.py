@@ -57,6 +57,8 @@ BISECTION_STEPS = 100
 POLISH_CLASSES = 8
 """Groups with at most this many device classes get the local search of :func:`_polish`."""
 POLISH_ROUNDS = 8
+NO_MEMORY_BOUND = float(2**53)
+"""The micro-batch cap of a mode that saves no activations (exact in float64)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,10 +83,13 @@ def _mem_caps(
     free = (
         cl.capacity - shards * sf.shardable_state_bytes - sf.unsharded_bytes - comm.gathered_bytes
     )
-    with np.errstate(invalid="ignore"):
-        caps = np.floor(np.where(free[None, :] >= 0, free[None, :] / cl.act_bytes, 0.0))
-    caps = np.minimum(np.nan_to_num(caps, nan=0.0, posinf=0.0), cl.limit)
-    out: FloatArray = np.where(np.isfinite(cl.act_bytes), caps, 0.0)
+    act = cl.act_bytes
+    room = np.broadcast_to(np.maximum(free, 0.0)[None, :], act.shape)
+    # no activations (a profile that says 0 bytes a sample): memory sets no bound
+    caps = np.full(act.shape, NO_MEMORY_BOUND)
+    np.floor_divide(room, act, out=caps, where=act > 0)
+    caps = np.minimum(caps, cl.limit)
+    out: FloatArray = np.where(np.isfinite(act) & (free[None, :] >= 0), caps, 0.0)
     return out
 
 

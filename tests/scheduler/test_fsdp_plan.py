@@ -52,11 +52,13 @@ def comm_s(sf: ShardingFigures, ranks: int, theta: float, gbps: float) -> tuple[
 
 
 def held_bytes(sf: ShardingFigures, ranks: int, theta: float) -> float:
+    """Two gathered copies and a gradient of the largest module; gloo stages ``ranks + 1``
+    padded slices of it (two elements of rounding) while the prefetch is in flight."""
     largest = max(sf.embed_numel, sf.block_numel, sf.gathered_head_numel)
-    elements = (
-        max(largest, ranks * math.ceil(theta * largest)) if sf.padded_collectives else largest
-    )
-    return elements * (2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element)
+    held = largest * (2 * sf.gather_bytes_per_element + sf.grad_bytes_per_element)
+    if sf.padded_collectives and ranks > 1:
+        held += (ranks + 1) * (math.ceil(theta * largest) + 2) * sf.gather_bytes_per_element
+    return held
 
 
 def option(d: DeviceProfile, mode: str) -> Any:
@@ -170,10 +172,11 @@ def device(
         capacity_bytes=capacity,
         static_bytes=SF.shardable_state_bytes,
         per_sample_bytes=act,
-        fixed_s=4 * fixed * slow,
-        per_sample_s=0.7 * slow,
+        # the whole model's figures are its layers' sums (fsdp scales the layers to them)
+        fixed_s=2 * fixed * (ends + slow),
+        per_sample_s=0.1 * ends + 0.6 * slow,
         layers=layers,
-        full=RecomputeCost(per_sample_bytes=act // 4, per_sample_s=0.9 * slow)
+        full=RecomputeCost(per_sample_bytes=act // 4, per_sample_s=0.1 * ends + 0.8 * slow)
         if recompute
         else None,
     )

@@ -126,23 +126,30 @@ class Measurement:
             static, optimizer = self._static_bytes(model)
         except torch.OutOfMemoryError:
             return self._no_fit(capacity)
-        if static >= capacity:
-            return self._no_fit(capacity)
-        per_sample = max(1, *(-(-(self._need(model, m) - static) // m) for m in MEMORY_SIZES))
-        max_m = self._largest_fit(model, static, per_sample)
-        sizes = [m for m in TIMING_SIZES if m <= max(max_m, 1)]
-        if max_m < 1:
+        whole_fits = static < capacity
+        if not whole_fits:
+            # The whole states do not fit, but a fully-sharded rank holds a slice of them
+            # and still needs this device's activations and speed: measure those with the
+            # budget lifted (a simulated device only counts; a GPU that truly runs out
+            # of memory is reported as holding nothing).
+            self.device.capacity_bytes = 2**62
+        try:
+            per_sample = self._per_sample_bytes(model, static)
+            max_m = self._largest_fit(model, static, per_sample) if whole_fits else 0
+            # budget lifted (the whole states do not fit): every size, as on a roomy device
+            sizes = [m for m in TIMING_SIZES if m <= max(max_m, 1) or not whole_fits]
             # Nothing fits: time anyway, without the memory limit, so the profile still
             # says how fast the device is; the planner excludes it for its memory.
-            self.device.capacity_bytes = 2**62
-        times = [self._time(model, m) for m in sizes]
-        self.device.capacity_bytes = capacity
-        del optimizer
-        fixed_s, per_sample_s = self._fit(sizes, times)
-        recompute = None
-        if max_m >= 1:
+            self.device.capacity_bytes = capacity if max_m >= 1 else 2**62
+            times = [self._time(model, m) for m in sizes]
+            fixed_s, per_sample_s = self._fit(sizes, times)
             plain = (fixed_s, per_sample_s)
             recompute = {m: self._with_recompute(model, static, m, plain) for m in RECOMPUTE}
+        except (torch.OutOfMemoryError, DeviceOutOfMemory):
+            return self._no_fit(capacity)
+        finally:
+            self.device.capacity_bytes = capacity
+            del optimizer
         return DeviceFigures(
             capacity_bytes=capacity,
             static_bytes=static,
@@ -152,6 +159,10 @@ class Measurement:
             max_micro_batch=max_m,
             recompute=recompute,
         )
+
+    def _per_sample_bytes(self, model: nn.Module, static: int) -> int:
+        """Saved activations per sample: the largest ratio over ``MEMORY_SIZES``."""
+        return max(1, *(-(-(self._need(model, m) - static) // m) for m in MEMORY_SIZES))
 
     @staticmethod
     def _fit(sizes: list[int], times: list[float]) -> tuple[float, float]:
@@ -170,7 +181,7 @@ class Measurement:
         """
         set_recompute(model, mode)
         try:
-            per_sample = max(1, *(-(-(self._need(model, m) - static) // m) for m in MEMORY_SIZES))
+            per_sample = self._per_sample_bytes(model, static)
             if isinstance(self.device, SimulatedDevice):
                 ratio = self.preset.flops_per_sample_with(mode) / self.preset.flops_per_sample  # type: ignore[arg-type]
                 fixed_s, per_sample_s = plain[0] * ratio, plain[1] * ratio
