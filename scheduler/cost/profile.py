@@ -466,9 +466,9 @@ def analytic_profile(
     ``precision``: what the job trains in (``auto``: per device type,
     :mod:`scheduler.hardware.precision`); each device's compute rate and activation
     bytes are that precision's (:mod:`scheduler.cost.precision`) and its plans run
-    in it. None: the 16-bit figures this model has always given (the catalogue's
-    tensor peak, 16-bit activations), labelled fp32 — what-if plans made before
-    precision was a setting read the same.
+    in it. None: fp32, what a job trains in unless it asks for another precision
+    (fp32 peak and 4-byte activations; this used to price 16-bit figures and label
+    them fp32, which promised a default job twice the speed and half the activations).
     """
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
@@ -483,11 +483,10 @@ def analytic_profile(
         chosen = device_precision(d.type, precision or "fp32", device=d.id)
         kind = (d.type, d.peak_tflops, chosen)
         if kind not in figures:
-            priced = chosen if precision else "bf16"
             rates = rates_at(
-                lookup(d.type), priced, tensor_tflops=d.peak_tflops, flops_share=efficiency
+                lookup(d.type), chosen, tensor_tflops=d.peak_tflops, flops_share=efficiency
             )
-            figures[kind] = _DeviceFigures.of(layers_at(analytic_layers(model, rates), priced))
+            figures[kind] = _DeviceFigures.of(layers_at(analytic_layers(model, rates), chosen))
         memory_bytes = d.memory_bytes
         if memory_bytes not in capacities:
             capacities[memory_bytes] = usable_capacity_bytes(

@@ -2,7 +2,8 @@
 states no single device holds, and checkpoints that move between strategies.
 
 The plans are written by hand (:func:`tests.support.manual_plan` with shard fractions):
-uneven shards, uneven batches, a device that owns states and computes no samples.
+uneven shards, uneven batches, a device that owns states and computes no samples; one
+is the planner's own, near capacity, to hold its memory model to what the run counts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import signal
 
 import pytest
 
+from scheduler.cost.profile import analytic_profile
+from scheduler.planning.planner import make_plan
 from tests.support import TINY, make_cluster, manual_plan
 from workers.session import (
     Checkpointing,
@@ -119,3 +122,25 @@ def test_a_dp_checkpoint_resumes_under_fsdp_and_back_through_a_killed_worker(
     third = _train(DP, cache_dir, mixed_pool, steps=6, restore=store.latest())
     losses = first.losses + second.losses + third.losses
     assert losses == pytest.approx(reference, rel=1e-4)
+
+
+def test_the_planners_fsdp_memory_is_what_the_run_holds_near_capacity(
+    cache_dir, mixed_pool
+) -> None:
+    """The planner's own fsdp plan on a mixed cluster whose T4 and L4 cannot hold the
+    states (13.3 MB) and whose memory the plan fills: every device's peak in the run
+    (owned shard, gathered units with the prefetch, gloo's staging, activations) stays
+    within its capacity and is at least 90 % of what the plan predicted, so the model
+    can drift neither way. Plain activations: the analytic count is 7 % above the
+    measured one there (recomputed ones it over-counts threefold)."""
+    tight = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"], memory_scale=0.0003)
+    profile = analytic_profile(tight, TINY, simulated=True).without_recompute()
+    plan = make_plan(profile, 12, "fsdp")
+    capacity = {d.id: d.capacity_bytes for d in profile.devices}
+    assert all(capacity[d.id] < TINY.model_state_bytes for d in plan.devices[1:])
+    assert min(capacity[d.id] - d.peak_bytes for d in plan.devices) < 0.05 * capacity["a/2"]
+    result = _train(plan, cache_dir, mixed_pool, steps=1, cluster=tight)
+    for planned, ran in zip(plan.devices, result.devices, strict=True):
+        assert ran.id == planned.id
+        assert ran.peak_bytes <= capacity[ran.id], ran
+        assert ran.peak_bytes >= 0.9 * planned.peak_bytes, (ran, planned)
