@@ -23,6 +23,7 @@ from scheduler.cost.profile import Profile, analytic_profile, profile_from_dict
 from scheduler.errors import HetschedError, PlanError
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.hardware.cluster import Cluster, load_cluster, with_ray_nodes
+from scheduler.hardware.precision import JobPrecision
 from scheduler.models.hf_config import is_path_ref, load_hf_config
 from scheduler.models.presets import ModelPreset, get_preset, preset_to_dict
 from scheduler.planning.plan import Plan
@@ -428,8 +429,10 @@ def dry_run(
     global_batch: int,
     strategy: str,
     busy: set[str],
+    precision: JobPrecision = "fp32",
 ) -> tuple[Plan, str]:
-    """Plan without training, at once: from a stored measurement, else from the catalogue.
+    """Plan without training, at once: from a stored measurement, else from the catalogue,
+    for a job computing in ``precision``.
 
     A first dry run never waits for a measurement (tens of seconds for a new model): it
     answers from the catalogue with a note and, when the devices are idle, measures them
@@ -442,12 +445,17 @@ def dry_run(
         check_simulated_fit(cluster, model, device_ids)
     profile = profiler.stored(model, device_ids)
     if profile is not None:
-        return make_plan(profile, global_batch, strategy), "measured"
+        return make_plan(profile.at_precision(precision), global_batch, strategy), "measured"
     note = "predicted from the GPU catalogue: these devices have no measurement of this model"
     if handle.available and not busy & set(device_ids):
         profiler.measure_soon(model, device_ids)
         note += "; they are being measured now, ask again in a minute for a measured plan"
-    profile = analytic_profile(cluster.subset(device_ids), model, simulated=handle.simulated)
+    profile = analytic_profile(
+        cluster.subset(device_ids),
+        model,
+        simulated=handle.simulated,
+        precision=precision,
+    )
     plan = make_plan(profile, global_batch, strategy)
     return replace(plan, notes=(*plan.notes, note)), "analytic"
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from scheduler.cost.costs import sharding_of
 from scheduler.cost.profile import LayerProfile, Profile, profile_from_dict
 from scheduler.hardware.cluster import Cluster, Links
 from scheduler.models.presets import ModelPreset
@@ -158,6 +159,9 @@ def profile_devices(
             "links": links.to_dict(),
             "gradient_bytes": gradient_bytes,
             "devices": [_device_doc(d.id, d.node, d.type, results[key_of[d.id]]) for d in devices],
+            # as an analytic profile's: the model's units, collectives as the runtime's
+            # backend runs them (gloo on simulated devices pads, NCCL on GPUs does not)
+            "sharding": sharding_of(preset, padded_collectives=simulated).to_dict(),
         }
     )
 

@@ -67,7 +67,7 @@ def add_parser(subparsers: Any) -> None:
         help="what the job computes in: with --cluster, each device's compute rate and "
         "activation memory are that precision's (auto: bf16 where supported, fp16 on "
         "V100/T4-class, fp32 otherwise); with --profile, only the plan's label (the figures "
-        "are as measured). Default: the 16-bit figures analytic plans have always shown",
+        "are as measured). Default: fp32, as a job's",
     )
     parser.add_argument("--json", action="store_true", help="print the plan JSON only")
 

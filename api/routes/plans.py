@@ -9,6 +9,7 @@ from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.service import ErrorPublic
 from api.services import check_devices, dry_run, model_from_ref
 from api.views import plan_public
+from scheduler.hardware.precision import device_precisions
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -27,6 +28,9 @@ def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     """
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     device_ids = check_devices(state.handle, spec.devices)
+    cluster = state.handle.cluster
+    if cluster is not None:  # a device that cannot run the precision: a one-line 422
+        device_precisions((cluster.device(i) for i in device_ids), spec.precision)
     busy = set(state.executor.busy_devices()) if state.executor else set()
     plan, source = dry_run(
         handle=state.handle,
@@ -36,6 +40,7 @@ def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
         global_batch=spec.global_batch,
         strategy=spec.strategy,
         busy=busy,
+        precision=spec.precision,
     )
     return PlanPreview(
         model=model.name,

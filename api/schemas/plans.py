@@ -13,6 +13,7 @@ from api.schemas.fields import (
     RequestModel,
     StrategyName,
 )
+from scheduler.hardware.precision import JobPrecision
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import PRESETS
 from scheduler.planning.plan import Precision
@@ -105,6 +106,12 @@ class PlanCreate(RequestModel):
     strategy: StrategyName = "auto"
     devices: DeviceIds | None = Field(
         default=None, description="Device ids to use; all when absent."
+    )
+    precision: JobPrecision = Field(
+        default="fp32",
+        description="What the job would compute in, as a job's precision: each device's "
+        "speed and activation memory are that precision's (model states are 16 bytes a "
+        "parameter in every one). A device that cannot run it is a 422.",
     )
 
 

@@ -63,3 +63,21 @@ def test_plan_shows_each_devices_precision(capsys) -> None:
     }
     code, out, _ = run_cli(capsys, "plan", *args, "--precision", "auto")
     assert code == 0 and "PRECISION" in out and "bf16" in out
+
+
+def test_a_plan_request_takes_the_jobs_precision(offline: TestClient) -> None:
+    """``POST /plans`` prices the precision asked for (fp32 unless asked), and refuses one
+    a device cannot run, or an unknown one, in one line."""
+    plan = {"model": "gpt-tiny", "global_batch": 16, "strategy": "dp"}
+    fp32 = offline.post("/api/v1/plans", json=plan)
+    auto = offline.post("/api/v1/plans", json={**plan, "precision": "auto"})
+    assert fp32.status_code == auto.status_code == 200
+    precisions = {d["precision"] for d in fp32.json()["plan"]["devices"]}
+    assert precisions == {"fp32"}
+    assert "bf16" in {d["precision"] for d in auto.json()["plan"]["devices"]}
+    bad = offline.post("/api/v1/plans", json={**plan, "precision": "bf16"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"].startswith("precision: bf16 is not supported by node-b/0")
+    unknown = offline.post("/api/v1/plans", json={**plan, "precision": "fp8"})
+    assert unknown.status_code == 422 and "\n" not in unknown.json()["detail"]
+    assert unknown.json()["detail"].startswith("precision:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.cost.profile import analytic_profile
 from tests.support import TINY, make_cluster
 from workers.devices.calibration import calibrate_host
 from workers.devices.device import model_state_bytes
@@ -46,3 +47,24 @@ def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeyp
     again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     assert again == profile
     assert pool.pids() == {}, "cached: no worker was started"
+
+
+def test_a_device_too_small_for_the_whole_states_is_measured_for_fsdp(
+    cache_dir, monkeypatch
+) -> None:
+    """An A100 at a tenth of its memory cannot hold gpt-tiny's 13.3 MB of states, so no
+    micro-batch fits it under dp; fsdp still needs its activations and speed, and gets
+    them as measured (they were 1 byte and 1 s a sample). The measured profile carries
+    the sharding figures an analytic one of the same simulated cluster does."""
+    monkeypatch.setenv("HETSCHED_PACING_MARGIN", str(MARGIN))
+    small = make_cluster(["A100-80GB"], memory_scale=1.2e-4)
+    profile = profile_cluster(small, TINY, cache_dir=cache_dir, layers=None)
+    host = calibrate_host(TINY, cache_dir=cache_dir)
+    (d,) = profile.devices
+    assert d.capacity_bytes < d.static_bytes == model_state_bytes(GPT(TINY, seed=0))
+    assert d.max_micro_batch() == 0
+    assert d.per_sample_bytes > 2**20, "gpt-tiny saves about 2 MB a sample"
+    assert d.per_sample_s == pytest.approx(MARGIN * host.per_sample_s, rel=0.05)
+    assert d.full is not None and d.full.per_sample_bytes < 0.5 * d.per_sample_bytes
+    assert profile.sharding == analytic_profile(small, TINY, simulated=True).sharding
+    assert profile.to_dict()["sharding"]["padded_collectives"] is True
