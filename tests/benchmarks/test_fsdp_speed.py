@@ -68,7 +68,9 @@ def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
             cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=0, cache_dir=tmp_path
         )
         measured[name] = statistics.median(result.step_times_s[1:])
-    print(f"\n{'plan':>8}  {'strategy':>8}  devices  predicted samples/s  measured samples/s  error")
+    print(
+        f"\n{'plan':>8}  {'strategy':>8}  devices  predicted samples/s  measured samples/s  error"
+    )
     for name, plan in plans.items():
         error = measured[name] / plan.predicted_step_s - 1  # predicted over measured samples/s
         print(

@@ -44,7 +44,9 @@ def test_auto_picks_the_fastest(model: str):
 def test_auto_splits_the_model_when_it_does_not_fit_small_devices(sharding: bool):
     """gpt2-xl fits only the A100s whole: auto shards it (fsdp) or, with no sharding
     figures in the profile, pipelines it, and uses all six devices either way."""
-    profile = analytic_profile(parse_cluster(MIXED), get_preset("gpt2-xl"), efficiency=0.5)
+    profile = analytic_profile(
+        parse_cluster(MIXED), get_preset("gpt2-xl"), efficiency=0.5, precision="auto"
+    )
     # One share of peak for every device: a planner property, not one of the speed
     # model's (whose sustained rates make these T4s and L4s barely worth a stage).
     if not sharding:

@@ -412,7 +412,7 @@ def two_a100s_four_l4s() -> Profile:
             ],
         }
     )
-    return analytic_profile(cluster, get_preset("llama-13b"))
+    return analytic_profile(cluster, get_preset("llama-13b"), precision="auto")
 
 
 def test_llama_13b_shards_follow_memory_over_big_and_small_gpus() -> None:
@@ -453,7 +453,7 @@ def test_hsdp_is_chosen_when_nodes_are_alike_and_the_link_between_them_slow() ->
             "links": {"intra_node_gbps": 600, "inter_node_gbps": 10},
         }
     )
-    profile = analytic_profile(cluster, get_preset("llama-13b"))
+    profile = analytic_profile(cluster, get_preset("llama-13b"), precision="auto")
     plan = make_plan(profile, 64, "fsdp")
     assert {d.shard_group for d in plan.devices} == {0, 1}
     assert_valid(plan, profile, 64)

@@ -121,14 +121,19 @@ def test_auto_on_a_mixed_cluster_plans_each_type_in_its_own_precision() -> None:
     assert plan_module.plan_from_dict(doc) == plan
 
 
-def test_without_a_precision_the_analytic_figures_are_the_16_bit_ones_as_before() -> None:
+def test_without_a_precision_the_analytic_figures_are_fp32_as_a_default_job_trains() -> None:
+    """A job trains in fp32 unless it asks, so a profile that is not told prices fp32
+    (it used to price 16-bit figures labelled fp32: twice the activations were missing)."""
     cluster = _cluster("A100-80GB", "T4-16GB")
     model = get_preset("gpt2-small")
-    legacy = analytic_profile(cluster, model)
+    default = analytic_profile(cluster, model)
+    fp32 = analytic_profile(cluster, model, precision="fp32")
     sixteen = analytic_profile(cluster, model, precision="auto")
-    for a, b in zip(legacy.devices, sixteen.devices, strict=True):
-        assert (a.per_sample_s, a.per_sample_bytes) == (b.per_sample_s, b.per_sample_bytes)
+    assert default == fp32
+    for a, b in zip(default.devices, sixteen.devices, strict=True):
         assert a.precision == "fp32"
+        assert a.per_sample_bytes == 2 * b.per_sample_bytes
+        assert a.per_sample_s > b.per_sample_s
 
 
 def test_a_measured_profile_takes_the_jobs_precision_as_a_label_and_keeps_its_figures() -> None:

@@ -65,7 +65,7 @@ def with_device(**changes: Any) -> dict[str, Any]:
 
 def test_analytic_profile_follows_catalogue_and_model() -> None:
     model = get_preset("gpt2-small")
-    profile = analytic_profile(CLUSTER, model, efficiency=0.5)
+    profile = analytic_profile(CLUSTER, model, efficiency=0.5, precision="auto")
     a100, t4, v100 = profile.devices
     assert profile.model == "gpt2-small" and profile.source == "analytic"
     assert profile.gradient_bytes == model.gradient_bytes

@@ -153,7 +153,7 @@ def test_dp_with_recomputation_is_optimal_against_brute_force(
 
 
 def test_recomputation_lets_llama_13b_fit_a_pipeline_where_none_did() -> None:
-    profile = analytic_profile(parse_cluster(MIXED), get_preset("llama-13b"))
+    profile = analytic_profile(parse_cluster(MIXED), get_preset("llama-13b"), precision="auto")
     with pytest.raises(PlanError, match="no pipeline over 6 devices fits"):
         plan_pp(profile.without_recompute(), 8)
     plan = plan_pp(profile, 8)
@@ -179,7 +179,7 @@ def test_llama_13b_plans_on_a_bundled_cluster_that_found_no_strategy() -> None:
     assert model.activation_bytes_per_sample < 40e9
     assert replace(model, attention="math").activation_bytes_per_sample > 160e9
     cluster = load_cluster(CLUSTERS / "datacenter-generations.yaml")
-    plan = make_plan(analytic_profile(cluster, model), 64, "auto")
+    plan = make_plan(analytic_profile(cluster, model, precision="auto"), 64, "auto")
     assert plan.strategy in {"pp", "hybrid"} and plan.predicted_samples_per_s > 0
 
 

@@ -43,14 +43,14 @@ SYSTEMATIC = 1.08
 
 def local_sim() -> Profile:
     cluster = load_cluster("deploy/clusters/local-sim.yaml")
-    return analytic_profile(cluster, get_preset("gpt-tiny"), simulated=True)
+    return analytic_profile(cluster, get_preset("gpt-tiny"), simulated=True, precision="auto")
 
 
 def homogeneous() -> Profile:
     cluster = parse_cluster(
         {"name": "four", "nodes": [{"name": "n", "devices": [{"type": "A100-80GB", "count": 4}]}]}
     )
-    return analytic_profile(cluster, get_preset("gpt-tiny"), simulated=True)
+    return analytic_profile(cluster, get_preset("gpt-tiny"), simulated=True, precision="auto")
 
 
 def big_mixed() -> Profile:
@@ -63,7 +63,7 @@ def big_mixed() -> Profile:
             ],
         }
     )
-    return analytic_profile(cluster, get_preset("gpt2-large"))
+    return analytic_profile(cluster, get_preset("gpt2-large"), precision="auto")
 
 
 def fastest(profile: Profile) -> str:
