@@ -1,11 +1,13 @@
-"""The profiler on simulated devices: it recovers the pacing and memory it was given."""
+"""The profiler on simulated devices: it recovers the pacing and memory it was given, and
+measures a device too small for the whole model states (fsdp plans it)."""
 
 from __future__ import annotations
 
 import pytest
 
 from scheduler.cost.profile import analytic_profile
-from tests.support import TINY, make_cluster
+from scheduler.hardware.cluster import parse_cluster
+from tests.support import TINY
 from workers.devices.calibration import calibrate_host
 from workers.devices.device import model_state_bytes
 from workers.models.gpt import GPT
@@ -13,8 +15,24 @@ from workers.session import WorkerPool, profile_cluster
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-# 1.36e-3 of 16 GiB leaves the V100 room for 4 samples of gpt-tiny; the A100 has 5× more.
-CLUSTER = make_cluster(["A100-80GB", "V100-16GB"], memory_scale=1.36e-3)
+# 1.36e-3 of 16 GiB leaves the V100 room for 4 samples of gpt-tiny; the A100 has 5× more;
+# a third device, an A100 reporting 8 GB, cannot hold the 13.3 MB of states at all.
+CLUSTER = parse_cluster(
+    {
+        "name": "t",
+        "nodes": [
+            {
+                "name": "a",
+                "devices": [
+                    {"type": "A100-80GB"},
+                    {"type": "V100-16GB"},
+                    {"type": "A100-80GB", "memory_gb": 8},
+                ],
+            }
+        ],
+        "simulation": {"memory_scale": 1.36e-3},
+    }
+)
 MARGIN = 4.0
 
 
@@ -43,28 +61,19 @@ def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeyp
     assert a100.selective.per_sample_bytes < a100.per_sample_bytes
     assert a100.full.per_sample_s > a100.per_sample_s
 
+    # Too small for the whole states: no micro-batch fits under dp, but fsdp needs its
+    # activations and speed, and gets them as measured (they were 1 byte and 1 s a sample).
+    small = profile.device("a/2")
+    assert small.capacity_bytes < small.static_bytes == a100.static_bytes
+    assert small.max_micro_batch() == 0
+    assert small.per_sample_bytes == a100.per_sample_bytes
+    assert small.per_sample_s == pytest.approx(a100.per_sample_s, rel=0.05)
+    assert small.full is not None and small.full.per_sample_bytes == a100.full.per_sample_bytes
+    # The sharding figures an analytic profile of the simulated cluster has (gloo: padded).
+    assert profile.sharding == analytic_profile(CLUSTER, TINY, simulated=True).sharding
+    assert profile.to_dict()["sharding"]["padded_collectives"] is True
+
     pool = WorkerPool(CLUSTER, simulated=True)
     again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     assert again == profile
     assert pool.pids() == {}, "cached: no worker was started"
-
-
-def test_a_device_too_small_for_the_whole_states_is_measured_for_fsdp(
-    cache_dir, monkeypatch
-) -> None:
-    """An A100 at a tenth of its memory cannot hold gpt-tiny's 13.3 MB of states, so no
-    micro-batch fits it under dp; fsdp still needs its activations and speed, and gets
-    them as measured (they were 1 byte and 1 s a sample). The measured profile carries
-    the sharding figures an analytic one of the same simulated cluster does."""
-    monkeypatch.setenv("HETSCHED_PACING_MARGIN", str(MARGIN))
-    small = make_cluster(["A100-80GB"], memory_scale=1.2e-4)
-    profile = profile_cluster(small, TINY, cache_dir=cache_dir, layers=None)
-    host = calibrate_host(TINY, cache_dir=cache_dir)
-    (d,) = profile.devices
-    assert d.capacity_bytes < d.static_bytes == model_state_bytes(GPT(TINY, seed=0))
-    assert d.max_micro_batch() == 0
-    assert d.per_sample_bytes > 2**20, "gpt-tiny saves about 2 MB a sample"
-    assert d.per_sample_s == pytest.approx(MARGIN * host.per_sample_s, rel=0.05)
-    assert d.full is not None and d.full.per_sample_bytes < 0.5 * d.per_sample_bytes
-    assert profile.sharding == analytic_profile(small, TINY, simulated=True).sharding
-    assert profile.to_dict()["sharding"]["padded_collectives"] is True
