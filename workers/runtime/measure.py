@@ -74,8 +74,11 @@ class Measurement:
        recomputation (:func:`workers.runtime.engine.set_recompute`), which the
        planners may choose per device.
 
-    A device that cannot hold the model states at all is reported with no
-    fitting micro-batch (the planner leaves it out) instead of failing the profile.
+    A device that cannot hold the whole model states is reported with no fitting
+    micro-batch (``dp`` leaves it out) but measured all the same, its budget lifted:
+    a fully-sharded rank holds a slice of the states and needs the device's
+    activations and speed. Only a device that truly runs out of memory doing so
+    (a GPU) is reported unmeasured, instead of failing the profile.
     """
 
     def __init__(self, device: TorchDevice, preset: ModelPreset) -> None:
@@ -146,6 +149,8 @@ class Measurement:
             plain = (fixed_s, per_sample_s)
             recompute = {m: self._with_recompute(model, static, m, plain) for m in RECOMPUTE}
         except (torch.OutOfMemoryError, DeviceOutOfMemory):
+            if whole_fits:  # within its own budget: a real failure, not a small device
+                raise
             return self._no_fit(capacity)
         finally:
             self.device.capacity_bytes = capacity
