@@ -14,6 +14,7 @@ from workers.devices.device import SimulatedDevice, model_state_bytes
 from workers.devices.pacing import Pacing
 from workers.errors import DeviceOutOfMemory
 from workers.models.gpt import GPT, lm_loss_sum
+from workers.runtime.measure import Measurement
 
 HOST = HostCalibration(fixed_s=0.01, per_sample_s=0.02)
 
@@ -92,3 +93,19 @@ def test_a_pass_that_overran_is_paid_back_by_the_next_ones() -> None:
     usage = device.finish_step()
     assert usage.overran
     assert usage.busy_s >= 0.9
+
+
+def test_a_device_reported_unmeasured_counts_activations_on_the_safe_side() -> None:
+    """A GPU that runs out of memory while being measured is reported with the analytic
+    fp32 activations (fsdp may still give it samples), at least what a device counts."""
+    model = GPT(TINY, seed=0)
+    device = SimulatedDevice(
+        device_id="d", capacity_bytes=2**40, pacing=Pacing(margin=1.0, speed_ratio=1.0, host=HOST)
+    )
+    counted = (
+        device.run_micro_batch(_forward(model, 2), model=model, micro_batch=2).peak_bytes
+        - model_state_bytes(model)
+    ) / 2
+    reported = Measurement(device, TINY)._no_fit(capacity=10**6)
+    assert reported.max_micro_batch == 0 and reported.static_bytes > 10**6
+    assert counted <= reported.per_sample_bytes < 1.2 * counted

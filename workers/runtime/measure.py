@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from scheduler.cost.roofline import BYTES_16BIT
+from scheduler.hardware.precision import ACTIVATION_BYTES
 from scheduler.models.presets import ModelPreset
 from workers.data.dataset import ByteDataset
 from workers.devices.calibration import fit_line
@@ -199,11 +201,15 @@ class Measurement:
         return {"per_sample_bytes": per_sample, "per_sample_s": per_sample_s, "fixed_s": fixed_s}
 
     def _no_fit(self, capacity: int) -> DeviceFigures:
-        """The model states alone exceed the device: reported, not measured."""
+        """The model states alone exceed the device: reported, not measured. Its
+        activations are the analytic fp32 count (the most any precision saves), not
+        nothing: a fully-sharded plan may still give the device a shard and samples."""
         return DeviceFigures(
             capacity_bytes=capacity,
             static_bytes=max(self.preset.model_state_bytes, capacity + 1),
-            per_sample_bytes=1,
+            per_sample_bytes=self.preset.activation_bytes_per_sample
+            * ACTIVATION_BYTES["fp32"]
+            // BYTES_16BIT,
             fixed_s=0.0,
             per_sample_s=1.0,
             max_micro_batch=0,
