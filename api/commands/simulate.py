@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from api.commands.common import add_cache_arguments, add_command, model_help
 from api.commands.plan import format_table
 from api.core.settings import DEFAULT_CLUSTER
+from api.schemas.plans import OptimizerSpec
 from api.services import check_simulated_fit
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
@@ -376,7 +377,14 @@ def _train(
             follow_speed=follow_speed,
             faults=FaultSchedule(faults),
         )
-        result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks, restore=restore)
+        result = builder.train(
+            plan=plan,
+            pool=pool,
+            config=config,
+            hooks=hooks,
+            restore=restore,
+            optimizer=OptimizerSpec().runtime(),  # a job's defaults: the same curve as the service
+        )
     after_first = result.step_times_s[1:] or result.step_times_s
     measured = statistics.median(after_first)
     return {

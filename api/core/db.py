@@ -130,13 +130,26 @@ class CheckpointRow(Base):
     """When retention removed it (its download then answers 410); NULL while kept."""
 
 
+REQUEST_THREADS = 40
+"""anyio's default thread limit: how many sync routes (each with its connection) run at once."""
+
+
 def make_engine(url: str, *, busy_timeout_s: float = 30.0) -> Engine:
     """An engine for ``url``, its schema migrated to the newest revision (api/core/migrate.py);
     SQLite gets WAL and foreign keys, and waits ``busy_timeout_s`` for another connection's
     lock before a statement fails (the job store then retries, :mod:`api.store`)."""
     is_sqlite = url.startswith("sqlite")
     connect_args = {"check_same_thread": False, "timeout": busy_timeout_s} if is_sqlite else {}
-    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
+    # The pool holds a connection for each request thread (anyio's pool runs up to 40 sync
+    # routes at once): with SQLAlchemy's default of 5, fifty dashboards polling made and
+    # closed an overflow connection, with its pragmas, for most requests.
+    engine = create_engine(
+        url,
+        connect_args=connect_args,
+        pool_pre_ping=not is_sqlite,
+        pool_size=REQUEST_THREADS,
+        max_overflow=REQUEST_THREADS,
+    )
     if is_sqlite:
 
         @event.listens_for(engine, "connect")

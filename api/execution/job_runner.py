@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
     from workers.session import (
         CheckpointInfo,
         CheckpointStore,
-        OptimizerConfig,
         Recovery,
         RunBuilder,
         RunConfig,
@@ -126,7 +125,7 @@ class JobRunner:
             hooks=JobHooks(runner=self, job=job, live=live),
             restore=restore,
             dataset=dataset,
-            optimizer=self._optimizer(job),
+            optimizer=job.spec.optimizer.runtime(),
         )
 
     def record_plan(self, job: JobRecord, live: LiveJob, plan: Plan) -> None:
@@ -158,12 +157,6 @@ class JobRunner:
             max_failures=spec.max_failures,
             follow_speed=spec.replan if spec.replan is not None else self.settings.replan,
         )
-
-    @staticmethod
-    def _optimizer(job: JobRecord) -> OptimizerConfig:
-        from workers.session import OptimizerConfig
-
-        return OptimizerConfig(**job.spec.optimizer.model_dump())
 
     def _restore(
         self, job: JobRecord, builder: RunBuilder, checkpoints: CheckpointStore, *, resume: bool

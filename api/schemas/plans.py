@@ -17,6 +17,7 @@ from scheduler.hardware.precision import JobPrecision
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import PRESETS
 from scheduler.planning.plan import Precision
+from workers.records import OptimizerConfig
 
 
 class ModelDims(RequestModel):
@@ -96,6 +97,11 @@ class OptimizerSpec(RequestModel):
         "The default, 1.0, is GPT-2's and nanoGPT's: without it a rare batch whose gradient "
         "norm is a hundred times the usual kicked the README's demo from loss 3.2 to 8.",
     )
+
+    def runtime(self) -> OptimizerConfig:
+        """What a run trains with: a service job and ``hetsched simulate`` alike (the
+        runtime's own default is no clipping; the job's is 1.0)."""
+        return OptimizerConfig(**self.model_dump())
 
 
 class PlanCreate(RequestModel):

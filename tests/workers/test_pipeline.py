@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from scheduler.planning.plan import DevicePlan, Plan
+from tests.reference import single_device_losses as reference_losses
 from tests.support import TINY, make_cluster, pipeline_stage, plan_of
-from workers.data.dataset import ByteDataset
-from workers.models.gpt import GPT, lm_loss_sum
 from workers.runtime.stages import ordered_stages, sync_groups
 from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
 
@@ -21,27 +19,7 @@ SEED, STEPS, BATCH = 3, 3, 12
 
 def single_device_losses(config: OptimizerConfig = OPT) -> list[float]:
     """Full-batch training in this process: what every plan must reproduce."""
-    model = GPT(TINY, seed=SEED)
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=config.lr,
-        betas=(config.beta1, config.beta2),
-        weight_decay=config.weight_decay,
-    )
-    data = ByteDataset(None, seq_len=TINY.seq_len)
-    losses = []
-    for step in range(STEPS):
-        x, y = data.device_batch(seed=SEED, step=step, global_batch=BATCH, offset=0, samples=BATCH)
-        opt.zero_grad()
-        loss = lm_loss_sum(model(x), y) / (BATCH * TINY.seq_len)
-        loss.backward()
-        for group in opt.param_groups:
-            group["lr"] = config.lr_at(step)
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return reference_losses(TINY, config, seed=SEED, steps=STEPS, global_batch=BATCH)
 
 
 PP = plan_of(
