@@ -101,11 +101,26 @@ def step_lower_bounds(
     num_blocks = layers_of(groups[0][0]).num_blocks
     num_micro = np.array([ceil_div(global_batch, s) for s in sizes], dtype=np.float64)
     micro = np.ceil(global_batch / num_micro)[:, None, None]  # (sizes, 1, 1)
-    longest = max(len(g) for g in groups)
-    figures = np.zeros((5, len(groups), longest))
+    # identical pipelines (same layers per stage, same links between them) share a column,
+    # weighted by how many there are: a type-grouped plan has thousands of one kind
+    kinds: dict[tuple[object, ...], int] = {}
+    firsts: list[Sequence[DeviceProfile]] = []
+    of = []
+    for group in groups:
+        key = (
+            *(id(layers_of(d)) for d in group),
+            *(a.node == b.node for a, b in zip(group, group[1:], strict=False)),
+        )
+        if key not in kinds:
+            kinds[key] = len(firsts)
+            firsts.append(group)
+        of.append(kinds[key])
+    weight = np.bincount(np.array(of, dtype=np.int64), minlength=len(firsts)).astype(np.float64)
+    longest = max(len(g) for g in firsts)
+    figures = np.zeros((5, len(firsts), longest))
     figures[2:4] = np.inf  # padding stages: no block fits them
-    middle = np.zeros((len(groups), longest))
-    for j, group in enumerate(groups):
+    middle = np.zeros((len(firsts), longest))
+    for j, group in enumerate(firsts):
         figures[:, j, : len(group)] = _pipeline_figures(group, links)
         middle[j, 1 : len(group) - 1] = 1.0
     e = figures[0] + micro * figures[1]  # (sizes, groups, stages)
@@ -121,7 +136,7 @@ def step_lower_bounds(
         mid = (lo + hi) / 2
         with np.errstate(divide="ignore", invalid="ignore"):  # T_j = 0: unbounded count
             per_pipeline = np.floor((mid[:, None] - first_cost) / slope) + 1
-        counts = np.where(mid[:, None] >= first_cost, per_pipeline, 0.0).sum(axis=1)
+        counts = (np.where(mid[:, None] >= first_cost, per_pipeline, 0.0) * weight).sum(axis=1)
         enough = counts >= num_micro
         hi = np.where(enough, mid, hi)
         lo = np.where(enough, lo, mid)
