@@ -256,16 +256,20 @@ def evaluate(
     global_batch: int,
     profile: Profile,
     partitioner: Partitioner,
+    *,
+    bounds: Sequence[float] | None = None,
 ) -> HybridChoice | None:
     """The best micro-batch size and shares for these pipelines.
 
     Sizes are tried in order of a lower bound on their step time
-    (:mod:`scheduler.planning.bounds`); once a bound exceeds the fastest step found by
+    (:mod:`scheduler.planning.bounds`; ``bounds``: already computed, one per
+    :func:`micro_batch_candidates` size); once a bound exceeds the fastest step found by
     more than the margin within which a larger micro-batch is preferred, no size left
     can change the choice, and the search stops."""
     choices: list[HybridChoice] = []
     sizes = micro_batch_candidates(global_batch)
-    bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
+    if bounds is None:
+        bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
     fastest = math.inf
     for bound, size in sorted(zip(bounds, sizes, strict=True)):
         if bound > fastest * (1 + LARGER_MICRO_BATCH_MARGIN):
@@ -300,6 +304,36 @@ def evaluate(
     return prefer_larger_micro_batches(choices, lambda c: c.chains[0].micro_batch)
 
 
+def _evaluate_variants(
+    variants: Sequence[tuple[str, Sequence[Group]]],
+    global_batch: int,
+    profile: Profile,
+    partitioner: Partitioner,
+) -> list[HybridChoice]:
+    """Each grouping's choice, in the order given, leaving out the groupings that cannot
+    be the fastest: tried in order of their least step bound over the micro-batch sizes,
+    a grouping whose bound exceeds the fastest step already found is not evaluated (its
+    choice would be slower than that one). The fastest of the result is the fastest of
+    all groupings, exactly."""
+    sizes = micro_batch_candidates(global_batch)
+    bounds = {
+        i: step_lower_bounds(groups, global_batch, sizes, profile.links)
+        for i, (_, groups) in enumerate(variants)
+        if groups
+    }
+    fastest = math.inf
+    chosen: dict[int, HybridChoice] = {}
+    for i in sorted(bounds, key=lambda i: min(bounds[i])):
+        if min(bounds[i]) > fastest:
+            continue
+        name, groups = variants[i]
+        choice = evaluate(name, groups, global_batch, profile, partitioner, bounds=bounds[i])
+        if choice is not None:
+            chosen[i] = choice
+            fastest = min(fastest, choice.step_s)
+    return [chosen[i] for i in sorted(chosen)]
+
+
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
     """Pipelines side by side with uneven shares.
 
@@ -323,9 +357,7 @@ def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
         ("type", group_by_type(usable, partitioner, 1)),
         ("type×2", group_by_type(usable, partitioner, 2)),
     ]
-    for name, groups in variants:
-        if groups and (choice := evaluate(name, groups, global_batch, profile, partitioner)):
-            candidates.append(choice)
+    candidates += _evaluate_variants(variants, global_batch, profile, partitioner)
     single = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
     if single is not None:
         candidates.append(
