@@ -478,9 +478,14 @@ def analytic_profile(
     figures: dict[tuple[str, float, str], _DeviceFigures] = {}
     capacities: dict[int, int] = {}
     static_bytes = model.model_state_bytes
+    # the precision depends on the type alone: resolved at the first device of each type,
+    # so an error still names the first device (in order) that cannot run it
+    precisions: dict[str, Precision] = {}
     devices = []
     for d in cluster.devices:
-        chosen = device_precision(d.type, precision or "fp32", device=d.id)
+        chosen = precisions.get(d.type)
+        if chosen is None:
+            chosen = precisions[d.type] = device_precision(d.type, precision or "fp32", device=d.id)
         kind = (d.type, d.peak_tflops, chosen)
         if kind not in figures:
             rates = rates_at(

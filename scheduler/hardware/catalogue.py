@@ -717,6 +717,24 @@ _GPUS = [
 ]
 
 CATALOGUE: dict[str, GpuSpec] = {gpu.key: gpu for gpu in _GPUS}
+
+CROSS_CHECKED: dict[str, str] = {
+    "A100-80GB": "312 dense bf16/fp16, 19.5 fp32, 2,039 GB/s, 400 W: glennklockwood.com/"
+    "garden/processors/A100 (from the datasheet) and thundercompute.com's A100 table",
+    "A100-40GB": "1,555 GB/s, 400 W, 312/19.5 TFLOP/s: the same two pages and Paderborn PC2's "
+    "A100 node page",
+    "H100-80GB": "1,979 sparse (989 dense) bf16, 67 fp32, 3,350 GB/s, 700 W: NVIDIA's H100 "
+    "table as mirrored by HPC Tech (archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html)",
+    "H100PCIE-80GB": "1,513 sparse (756 dense) bf16, 51 fp32, 2,000 GB/s, 300-350 W: the same",
+    "L4-24GB": "242 sparse (121 dense) fp16, 300 GB/s, 72 W: the datasheet's figures as quoted "
+    "in grokipedia.com's L4 vs L40S page; 30.3 fp32: fpsbench.com",
+    "T4-16GB": "65 fp16 mixed precision, 8.1 fp32, 320 GB/s, 70 W: sysrqmts.com's T4 page and "
+    "NVIDIA's launch figures (tomshardware.co.uk, 2018)",
+    "L40-48GB": "362.1 sparse (181 dense) fp16 with fp32 accumulate, 90.5 fp32, 300 W: "
+    "hmc-tech.com's L4 vs L40 page",
+}
+"""Entries whose figures were compared with a second public copy of the vendor's numbers
+(issue 20: many citations were unchecked); the others cite the vendor document only."""
 _BY_LOWER_KEY = {key.lower(): gpu for key, gpu in CATALOGUE.items()}
 
 

@@ -62,7 +62,10 @@ class _Group:
     """Usable devices as plain arrays, the form the search works on.
 
     Rows are recomputation modes (:data:`RECOMPUTE_MODES`), columns devices; a mode a
-    device lacks, or in which one sample does not fit, has ``max_micro`` 0."""
+    device lacks, or in which one sample does not fit, has ``max_micro`` 0. Devices with
+    identical figures form one *kind* (the ``kind_*`` arrays, one column per kind): an
+    analytic profile of 16,384 devices has a few dozen kinds, and the search runs on
+    those (:func:`_optimal`)."""
 
     devices: tuple[DeviceProfile, ...]
     max_micro: IntArray
@@ -72,6 +75,11 @@ class _Group:
     node_codes: IntArray
     """Index of each device's node in ``nodes``."""
     nodes: tuple[str, ...]
+    kind_of: IntArray
+    """Index of each device's kind (a column of the ``kind_*`` arrays)."""
+    kind_max_micro: IntArray
+    kind_fixed_s: FloatArray
+    kind_per_sample_s: FloatArray
 
     def subset(self, mask: npt.NDArray[np.bool_]) -> _Group:
         return _Group(
@@ -81,6 +89,10 @@ class _Group:
             per_sample_s=self.per_sample_s[:, mask],
             node_codes=self.node_codes[mask],
             nodes=self.nodes,
+            kind_of=self.kind_of[mask],
+            kind_max_micro=self.kind_max_micro,
+            kind_fixed_s=self.kind_fixed_s,
+            kind_per_sample_s=self.kind_per_sample_s,
         )
 
     @property
@@ -92,12 +104,7 @@ class _Group:
     def busy_by_mode(self, samples: IntArray) -> FloatArray:
         """``ceil(n/m)·fixed_s + n·per_sample_s`` per mode and device; ``∞`` where it does
         not fit, zero for ``n = 0``."""
-        fits = self.max_micro > 0
-        num_micro = -(-samples // np.where(fits, self.max_micro, 1))
-        busy = num_micro * self.fixed_s + samples * self.per_sample_s
-        busy = np.where(fits, busy, np.inf)
-        out: FloatArray = np.where(samples > 0, busy, 0.0)
-        return out
+        return _busy_by_mode(self.max_micro, self.fixed_s, self.per_sample_s, samples)
 
     def busy_s(self, samples: IntArray) -> FloatArray:
         """Each device's busy time with its fastest mode for its sample count."""
@@ -110,32 +117,69 @@ class _Group:
         return chosen
 
 
+def _busy_by_mode(m: IntArray, f: FloatArray, p: FloatArray, samples: IntArray) -> FloatArray:
+    """``ceil(n/m)·f + n·p`` per mode (rows) and column; ``∞`` where the mode does not fit
+    (``m = 0``), zero for ``n = 0``."""
+    fits = m > 0
+    num_micro = -(-samples // np.where(fits, m, 1))
+    busy = np.where(fits, num_micro * f + samples * p, np.inf)
+    out: FloatArray = np.where(samples > 0, busy, 0.0)
+    return out
+
+
+def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float]]:
+    """One device's ``(max_micro, fixed_s, per_sample_s)`` per mode (RECOMPUTE_MODES order)."""
+    max_micro = [d.max_micro_batch(), 0, 0]
+    fixed_s = [d.fixed_s, 1.0, 1.0]
+    per_sample_s = [d.per_sample_s, 1.0, 1.0]
+    for row, cost in ((1, d.selective), (2, d.full)):
+        if cost is not None:
+            max_micro[row] = d.max_micro_batch(cost.per_sample_bytes)
+            fixed_s[row] = d.fixed_s if cost.fixed_s is None else cost.fixed_s
+            per_sample_s[row] = cost.per_sample_s
+    return max_micro, fixed_s, per_sample_s
+
+
 def _group(devices: Sequence[DeviceProfile]) -> _Group:
-    rows = len(RECOMPUTE_MODES)
-    max_micro: list[list[int]] = [[0] * len(devices) for _ in range(rows)]
-    fixed_s: list[list[float]] = [[1.0] * len(devices) for _ in range(rows)]
-    per_sample_s: list[list[float]] = [[1.0] * len(devices) for _ in range(rows)]
-    codes: dict[str, int] = {}
-    node_codes = []
-    for i, d in enumerate(devices):
-        node_codes.append(codes.setdefault(d.node, len(codes)))
-        max_micro[0][i], fixed_s[0][i], per_sample_s[0][i] = (
-            d.max_micro_batch(),
+    # Devices are of one kind when they share every figure the search reads. The key
+    # holds the recomputation figures by identity (an analytic profile shares one object
+    # per kind; equal figures in distinct objects only make more kinds, never wrong ones).
+    kinds: dict[tuple[object, ...], int] = {}
+    nodes: dict[str, int] = {}
+    kind_of, node_codes, firsts = [], [], []
+    for d in devices:
+        key = (
+            d.capacity_bytes,
+            d.static_bytes,
+            d.per_sample_bytes,
             d.fixed_s,
             d.per_sample_s,
+            d.micro_batch_limit,
+            id(d.selective),
+            id(d.full),
         )
-        for row, cost in ((1, d.selective), (2, d.full)):  # RECOMPUTE_MODES order
-            if cost is not None:
-                max_micro[row][i] = d.max_micro_batch(cost.per_sample_bytes)
-                fixed_s[row][i] = d.fixed_s if cost.fixed_s is None else cost.fixed_s
-                per_sample_s[row][i] = cost.per_sample_s
+        kind = kinds.get(key)
+        if kind is None:
+            kind = kinds[key] = len(kinds)
+            firsts.append(d)
+        kind_of.append(kind)
+        node_codes.append(nodes.setdefault(d.node, len(nodes)))
+    columns = [_kind_columns(d) for d in firsts]
+    kind_max_micro = np.array([c[0] for c in columns], dtype=np.int64).T.reshape(3, -1)
+    kind_fixed_s = np.array([c[1] for c in columns], dtype=np.float64).T.reshape(3, -1)
+    kind_per_sample_s = np.array([c[2] for c in columns], dtype=np.float64).T.reshape(3, -1)
+    of = np.array(kind_of, dtype=np.int64)
     return _Group(
         devices=tuple(devices),
-        max_micro=np.array(max_micro, dtype=np.int64),
-        fixed_s=np.array(fixed_s, dtype=np.float64),
-        per_sample_s=np.array(per_sample_s, dtype=np.float64),
+        max_micro=kind_max_micro[:, of],
+        fixed_s=kind_fixed_s[:, of],
+        per_sample_s=kind_per_sample_s[:, of],
         node_codes=np.array(node_codes, dtype=np.int64),
-        nodes=tuple(codes),
+        nodes=tuple(nodes),
+        kind_of=of,
+        kind_max_micro=kind_max_micro,
+        kind_fixed_s=kind_fixed_s,
+        kind_per_sample_s=kind_per_sample_s,
     )
 
 
@@ -153,7 +197,9 @@ def _step_s(profile: Profile, group: _Group, samples: IntArray) -> tuple[float, 
     """``(compute_s, comm_s)`` of a split: slowest device, then the ring all-reduce."""
     compute = float(group.busy_s(samples).max())
     active = samples > 0
-    active_nodes = [group.nodes[c] for c in np.unique(group.node_codes[active]).tolist()]
+    on = np.zeros(len(group.nodes), dtype=np.bool_)
+    on[group.node_codes[active]] = True  # a mask, not np.unique: no sort of every device
+    active_nodes = [group.nodes[c] for c in np.flatnonzero(on).tolist()]
     comm = ring_allreduce_s(
         int(active.sum()), profile.gradient_bytes, slowest_link_gbps(profile.links, active_nodes)
     )
@@ -205,45 +251,75 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
     slowest busy time is exactly ``T*`` over all splits *and* all per-device mode
     choices. Each device then runs the mode that attains ``b_i`` at its final
     ``n`` (ties go to less recomputation), within its memory by construction.
+
+    Devices of one kind (identical figures) have identical caps, so the bisection and
+    the hand-out run over kinds, each weighted by its number of devices; the hand-out
+    gives a kind's next sample to its lowest-index device still at the kind's lower
+    count, which is the order a heap over every device pops them (ties by index).
     """
-    f, p = group.fixed_s, group.per_sample_s
-    m = np.minimum(group.max_micro, global_batch)
+    f, p = group.kind_fixed_s, group.kind_per_sample_s
+    m = np.minimum(group.kind_max_micro, global_batch)
+    size = np.bincount(group.kind_of, minlength=m.shape[1])
+    present = size > 0
+    whole = np.full(m.shape[1], global_batch, dtype=np.int64)
     lo = 0.0
-    whole = np.full(len(group.devices), global_batch, dtype=np.int64)
-    hi = float(group.busy_s(whole).min())
+    hi = float(_busy_by_mode(m, f, p, whole).min(axis=0)[present].min())
     for _ in range(200):
         mid = (lo + hi) / 2
         if mid <= lo or mid >= hi:
             break
-        if int(_caps(mid, f, p, m, global_batch).sum()) >= global_batch:
+        if int((_caps(mid, f, p, m, global_batch) * size).sum()) >= global_batch:
             hi = mid
         else:
             lo = mid
-    samples = _caps(lo, f, p, m, global_batch)
-    missing = global_batch - int(samples.sum())
+    base = _caps(lo, f, p, m, global_batch)
+    missing = global_batch - int((base * size).sum())
+    rank = _rank_in_kind(group.kind_of, size)
     if missing <= 0:
-        return samples
+        out: IntArray = base[group.kind_of]
+        return out
     # Hand out the missing samples cheapest-first (exact busy-time order, best mode).
-    counts = samples.tolist()
+    counts: list[int] = base.tolist()
+    promoted = [0] * len(counts)
+    # the devices of kind k, in device order: by_kind[starts[k] : starts[k] + size[k]]
+    by_kind: list[int] = np.argsort(group.kind_of, kind="stable").tolist()
+    starts: list[int] = (np.cumsum(size) - size).tolist()
+    sizes: list[int] = size.tolist()
     micro, fixed, per_sample = m.tolist(), f.tolist(), p.tolist()
 
-    def busy(i: int, n: int) -> float:
+    def busy(k: int, n: int) -> float:
         return float(
             min(
-                -(-n // micro[r][i]) * fixed[r][i] + n * per_sample[r][i]
+                -(-n // micro[r][k]) * fixed[r][k] + n * per_sample[r][k]
                 for r in range(len(micro))
-                if micro[r][i] > 0
+                if micro[r][k] > 0
             )
         )
 
-    heap = list(zip(group.busy_s(samples + 1).tolist(), range(len(counts)), strict=True))
+    heap = [(busy(k, counts[k] + 1), by_kind[starts[k]], k) for k in range(len(counts)) if sizes[k]]
     heapq.heapify(heap)
     while missing > 0:
-        _, i = heapq.heappop(heap)
-        counts[i] += 1
+        _, _, k = heapq.heappop(heap)
+        promoted[k] += 1
         missing -= 1
-        heapq.heappush(heap, (busy(i, counts[i] + 1), i))
-    return np.array(counts, dtype=np.int64)
+        if promoted[k] == sizes[k]:  # every device of the kind moved up one
+            counts[k] += 1
+            promoted[k] = 0
+        heapq.heappush(heap, (busy(k, counts[k] + 1), by_kind[starts[k] + promoted[k]], k))
+    kinds = group.kind_of
+    result: IntArray = np.array(counts, dtype=np.int64)[kinds] + (
+        rank < np.array(promoted, dtype=np.int64)[kinds]
+    )
+    return result
+
+
+def _rank_in_kind(kind_of: IntArray, size: IntArray) -> IntArray:
+    """Each device's position among the devices of its kind, in device order."""
+    order = np.argsort(kind_of, kind="stable")
+    starts = np.cumsum(size) - size
+    rank = np.empty_like(kind_of)
+    rank[order] = np.arange(len(kind_of)) - starts[kind_of[order]]
+    return rank
 
 
 def optimal_split(devices: Sequence[DeviceProfile], global_batch: int) -> list[int]:

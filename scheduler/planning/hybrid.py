@@ -8,13 +8,16 @@ pipeline templates different shares (:func:`allocate`).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
+from scheduler.planning.bounds import step_lower_bounds
 from scheduler.planning.pipeline import (
+    LARGER_MICRO_BATCH_MARGIN,
     TimedChoice,
     best_pipeline,
     exclusion_reason,
@@ -28,6 +31,7 @@ from scheduler.planning.plan import DevicePlan, Excluded, Plan, check_global_bat
 from scheduler.planning.stages import (
     Chain,
     Stage,
+    StageCache,
     Tied,
     boundary_s,
     in_flight_1f1b,
@@ -56,6 +60,7 @@ class Partitioner:
         self.tied = tied
         self._cache: dict[tuple[int, ...], Chain | None] = {}
         self._figures: dict[tuple[int, object], int] = {}
+        self._stage_cache = StageCache()
         self._codes: dict[str, int] = {}
         """Device id -> index of its figures: hashing a device's figures (layers with
         recomputation figures) once per plan rather than once per lookup."""
@@ -75,6 +80,7 @@ class Partitioner:
                 micro_batch=micro_batch,
                 in_flight=in_flight_1f1b(len(group), None),
                 tied_state_bytes=self.tied.state_bytes,
+                cache=self._stage_cache,
             )
         chain = self._cache[key]
         if chain is None:
@@ -250,10 +256,24 @@ def evaluate(
     global_batch: int,
     profile: Profile,
     partitioner: Partitioner,
+    *,
+    bounds: Sequence[float] | None = None,
 ) -> HybridChoice | None:
-    """The best micro-batch size and shares for these pipelines."""
+    """The best micro-batch size and shares for these pipelines.
+
+    Sizes are tried in order of a lower bound on their step time
+    (:mod:`scheduler.planning.bounds`; ``bounds``: already computed, one per
+    :func:`micro_batch_candidates` size); once a bound exceeds the fastest step found by
+    more than the margin within which a larger micro-batch is preferred, no size left
+    can change the choice, and the search stops."""
     choices: list[HybridChoice] = []
-    for size in micro_batch_candidates(global_batch):
+    sizes = micro_batch_candidates(global_batch)
+    if bounds is None:
+        bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
+    fastest = math.inf
+    for bound, size in sorted(zip(bounds, sizes, strict=True)):
+        if bound > fastest * (1 + LARGER_MICRO_BATCH_MARGIN):
+            break
         num_micro = ceil_div(global_batch, size)
         micro = ceil_div(global_batch, num_micro)
         chains = [c for g in groups if (c := partitioner(g, micro)) is not None]
@@ -280,7 +300,38 @@ def evaluate(
             comm_s=slowest - compute + sync,
         )
         choices.append(choice)
+        fastest = min(fastest, choice.step_s)
     return prefer_larger_micro_batches(choices, lambda c: c.chains[0].micro_batch)
+
+
+def _evaluate_variants(
+    variants: Sequence[tuple[str, Sequence[Group]]],
+    global_batch: int,
+    profile: Profile,
+    partitioner: Partitioner,
+) -> list[HybridChoice]:
+    """Each grouping's choice, in the order given, leaving out the groupings that cannot
+    be the fastest: tried in order of their least step bound over the micro-batch sizes,
+    a grouping whose bound exceeds the fastest step already found is not evaluated (its
+    choice would be slower than that one). The fastest of the result is the fastest of
+    all groupings, exactly."""
+    sizes = micro_batch_candidates(global_batch)
+    bounds = {
+        i: step_lower_bounds(groups, global_batch, sizes, profile.links)
+        for i, (_, groups) in enumerate(variants)
+        if groups
+    }
+    fastest = math.inf
+    chosen: dict[int, HybridChoice] = {}
+    for i in sorted(bounds, key=lambda i: min(bounds[i])):
+        if min(bounds[i]) > fastest:
+            continue
+        name, groups = variants[i]
+        choice = evaluate(name, groups, global_batch, profile, partitioner, bounds=bounds[i])
+        if choice is not None:
+            chosen[i] = choice
+            fastest = min(fastest, choice.step_s)
+    return [chosen[i] for i in sorted(chosen)]
 
 
 def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
@@ -306,9 +357,7 @@ def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
         ("type", group_by_type(usable, partitioner, 1)),
         ("type×2", group_by_type(usable, partitioner, 2)),
     ]
-    for name, groups in variants:
-        if groups and (choice := evaluate(name, groups, global_batch, profile, partitioner)):
-            candidates.append(choice)
+    candidates += _evaluate_variants(variants, global_batch, profile, partitioner)
     single = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
     if single is not None:
         candidates.append(

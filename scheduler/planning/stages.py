@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -285,12 +285,31 @@ def _stage_arrays(
     return best, mode
 
 
+StageArrays = tuple[FloatArray, npt.NDArray[np.int64]]
+StageKey = tuple[int, int, int, int, bool, bool, int]
+"""``(id of a device's layers, its capacity, micro-batch, in flight, first, last, tied
+state)``: what a stage's costs depend on besides its blocks."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCache:
+    """Memo of stage costs shared by the partitions of one plan: a hybrid plan of 4,096
+    devices asks for the same few hundred thousands of times. Keyed by the layers'
+    identity, so it must not outlive the profile whose devices filled it."""
+
+    arrays: dict[StageKey, StageArrays] = field(default_factory=dict)
+    """:func:`_stage_arrays` by stage key."""
+    stages: dict[tuple[StageKey, int, Recompute], tuple[float, int]] = field(default_factory=dict)
+    """``(time_s, peak_bytes)`` by stage key, number of blocks and mode."""
+
+
 def partition(
     devices: Sequence[DeviceProfile],
     *,
     micro_batch: int,
     in_flight: Sequence[int],
     tied_state_bytes: int = 0,
+    cache: StageCache | None = None,
 ) -> Chain | None:
     """Blocks per stage for ``devices`` in this order minimising the slowest stage.
 
@@ -303,6 +322,8 @@ def partition(
     A second pass takes, among the min-max splits, the one with the least
     ``Σ_s t_s``, which is then exactly optimal for :meth:`Chain.compute_s`
     over the splits that reach the min-max. ``O(p·L²)``, vectorised with NumPy.
+
+    ``cache``: stage costs shared by the partitions of one plan (:class:`StageCache`).
     """
     p = len(devices)
     num_blocks = layers_of(devices[0]).num_blocks
@@ -312,18 +333,32 @@ def partition(
                 f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
                 f"{devices[0].id} has {num_blocks}"
             )
-    arrays = [
-        _stage_arrays(
-            d,
-            num_blocks,
+    memo = cache if cache is not None else StageCache()
+    arrays, keys = [], []
+    for s, d in enumerate(devices):
+        key: StageKey = (
+            id(layers_of(d)),
+            d.capacity_bytes,
             micro_batch,
-            in_flight=in_flight[s],
-            first=s == 0,
-            last=s == p - 1,
-            tied_state_bytes=tied_state_bytes,
+            in_flight[s],
+            s == 0,
+            s == p - 1,
+            tied_state_bytes,
         )
-        for s, d in enumerate(devices)
-    ]
+        keys.append(key)
+        found = memo.arrays.get(key)
+        if found is None:
+            found = _stage_arrays(
+                d,
+                num_blocks,
+                micro_batch,
+                in_flight=in_flight[s],
+                first=s == 0,
+                last=s == p - 1,
+                tied_state_bytes=tied_state_bytes,
+            )
+            memo.arrays[key] = found
+        arrays.append(found)
     costs = [time for time, _ in arrays]
     best = _min_max_s(costs, num_blocks)
     if not math.isfinite(best):
@@ -334,29 +369,46 @@ def partition(
         RECOMPUTE_MODES[int(mode_by_count[bounds[s + 1] - bounds[s]])]
         for s, (_, mode_by_count) in enumerate(arrays)
     ]
-    stages = [
-        _stage(
-            d,
-            (bounds[s], bounds[s + 1]),
-            micro_batch,
-            in_flight=in_flight[s],
-            first=s == 0,
-            last=s == p - 1,
-            tied_state_bytes=tied_state_bytes,
-            recompute=modes[s],
+    stages = []
+    for s, d in enumerate(devices):
+        figures_key = (keys[s], bounds[s + 1] - bounds[s], modes[s])
+        figures = memo.stages.get(figures_key)
+        if figures is None:
+            figures = memo.stages[figures_key] = _stage_figures(
+                layers_of(d),
+                bounds[s + 1] - bounds[s],
+                micro_batch,
+                in_flight=in_flight[s],
+                first=s == 0,
+                last=s == p - 1,
+                tied_state_bytes=tied_state_bytes,
+                recompute=modes[s],
+            )
+        stages.append(
+            Stage(
+                device=d,
+                first=bounds[s],
+                last=bounds[s + 1],
+                time_s=figures[0],
+                peak_bytes=figures[1],
+                recompute=modes[s],
+            )
         )
-        for s, d in enumerate(devices)
-    ]
     return Chain(stages=tuple(stages), micro_batch=micro_batch)
 
 
+@functools.lru_cache(maxsize=64)
 def _spans(num_blocks: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
     """Over every pair of boundaries ``(i, j)``: whether ``[i, j)`` is a range, and its
-    number of blocks (0 where it is not)."""
+    number of blocks (0 where it is not). Memoised (read-only arrays): every partition
+    of a model asks for the same."""
     i_idx, j_idx = np.meshgrid(np.arange(num_blocks + 1), np.arange(num_blocks + 1), indexing="ij")
     span = j_idx - i_idx  # blocks of a stage going from boundary i to boundary j
     valid = span >= 0
-    return valid, np.where(valid, span, 0)
+    counts = np.where(valid, span, 0)
+    valid.setflags(write=False)
+    counts.setflags(write=False)
+    return valid, counts
 
 
 def _min_max_s(costs: list[FloatArray], num_blocks: int) -> float:
@@ -395,9 +447,9 @@ def _least_total_bounds(costs: list[FloatArray], best: float, num_blocks: int) -
     return bounds
 
 
-def _stage(
-    device: DeviceProfile,
-    blocks: tuple[int, int],
+def _stage_figures(
+    lp: LayerProfile,
+    num: int,
     micro_batch: int,
     *,
     in_flight: int,
@@ -405,28 +457,22 @@ def _stage(
     last: bool,
     tied_state_bytes: int,
     recompute: Recompute,
-) -> Stage:
-    """The stage ``device`` runs, holding blocks ``[blocks[0], blocks[1])``."""
-    lp = layers_of(device)
-    num = blocks[1] - blocks[0]
-    return Stage(
-        device=device,
-        first=blocks[0],
-        last=blocks[1],
-        time_s=stage_time_s(lp, num, micro_batch, recompute=recompute, first=first, last=last)
-        + exchange_s(first=first, last=last),
-        peak_bytes=stage_bytes(
-            lp,
-            num,
-            micro_batch,
-            in_flight=in_flight,
-            tied_state_bytes=tied_state_bytes,
-            recompute=recompute,
-            first=first,
-            last=last,
-        ),
+) -> tuple[float, int]:
+    """``(time_s, peak_bytes)`` of a stage of ``num`` blocks (:class:`Stage`)."""
+    time_s = stage_time_s(
+        lp, num, micro_batch, recompute=recompute, first=first, last=last
+    ) + exchange_s(first=first, last=last)
+    peak_bytes = stage_bytes(
+        lp,
+        num,
+        micro_batch,
+        in_flight=in_flight,
+        tied_state_bytes=tied_state_bytes,
         recompute=recompute,
+        first=first,
+        last=last,
     )
+    return time_s, peak_bytes
 
 
 # --- communication ---------------------------------------------------------

@@ -7,7 +7,13 @@ source; ``fitted`` rows are inputs of the model (the catalogue's measured GEMM
 rates and bandwidths come from them), ``held_out`` rows are used nowhere but
 here. The benchmark prints analytic vs measured speed relative to the A100 per
 (workload, GPU), fitted and held-out rows apart, with the median and worst
-error of each. Run on purpose:
+error of each, and the held-out rows once more against the geometric mean of the GPUs
+measured on each workload (for information: the reference's own error otherwise enters
+every row). What the tables show (issue 20): on the sequence-512 layers (GPT-2, T5) every
+card but the A100 is within 17 % of the model against the geometric mean, while the A100
+measures 48 % slower than modelled; its time beyond the model's is about twice the other
+cards' (26 ms against 11-20 ms per step at batch 64), which neither its GEMM rate nor its
+bandwidth explains, so against the A100 every row reads 34-44 % off. Run on purpose:
 
     .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_speed_fidelity.py
 """
@@ -15,6 +21,7 @@ error of each. Run on purpose:
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +130,32 @@ def relative_errors(rows: list[Row]) -> list[tuple[Row, float, float, float]]:
     return out
 
 
-def _print_table(title: str, results: list[tuple[Row, float, float, float]]) -> None:
-    print(f"\n{title}: speed relative to {REFERENCE}")
+def relative_to_geomean(rows: list[Row]) -> list[tuple[Row, float, float, float]]:
+    """As :func:`relative_errors`, against the geometric mean of every GPU measured on the
+    workload instead of one reference GPU: a planner only uses ratios between devices,
+    and one reference's own error otherwise enters every row of its workload."""
+    by_workload: dict[str, list[Row]] = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, []).append(r)
+    out = []
+    for workload, members in by_workload.items():
+        measured = [r.measured_tflops for r in members]
+        predicted = [predicted_tflops(workload, r.gpu) for r in members]
+        measured_mean, predicted_mean = _geomean(measured), _geomean(predicted)
+        for r, m, p in zip(members, measured, predicted, strict=True):
+            measured_rel, predicted_rel = m / measured_mean, p / predicted_mean
+            out.append((r, measured_rel, predicted_rel, predicted_rel / measured_rel - 1))
+    return out
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _print_table(
+    title: str, results: list[tuple[Row, float, float, float]], against: str = REFERENCE
+) -> None:
+    print(f"\n{title}: speed relative to {against}")
     print(f"{'workload':<24}{'gpu':<16}{'measured':>9}{'analytic':>10}{'error':>8}")
     for row, measured_rel, predicted_rel, error in results:
         print(
@@ -152,6 +183,11 @@ def test_analytic_relative_speeds_match_published_measurements() -> None:
     held_out = relative_errors([r for r in rows if r.role == "held_out"])
     _print_table("fitted rows (model inputs)", fitted)
     _print_table("held-out rows (not used by the model)", held_out)
+    _print_table(
+        "held-out rows, for information",
+        relative_to_geomean([r for r in rows if r.role == "held_out"]),
+        against="the geometric mean of the GPUs measured on the workload",
+    )
     errors = [abs(e) for *_, e in held_out]
     assert statistics.median(errors) < MEDIAN_TARGET
     assert max(errors) < WORST_TARGET

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.errors import HetschedError
-from scheduler.hardware.catalogue import CATALOGUE, GIB, known_types, lookup
+from scheduler.hardware.catalogue import CATALOGUE, CROSS_CHECKED, GIB, known_types, lookup
 from scheduler.models.presets import PRESETS, get_preset
 
 REQUIRED_GPUS = [
@@ -189,3 +189,8 @@ def test_get_preset_is_case_insensitive_and_lists_known_on_error() -> None:
 def test_invalid_preset_shape_names_the_field(change: dict[str, int], message: str) -> None:
     with pytest.raises(HetschedError, match=message):
         replace(PRESETS["gpt-tiny"], **change)
+
+
+def test_cross_checked_entries_exist() -> None:
+    """Every cross-checked citation names a catalogue entry (a renamed key would orphan it)."""
+    assert set(CROSS_CHECKED) <= set(CATALOGUE)

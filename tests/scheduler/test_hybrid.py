@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
+from scheduler.planning import hybrid
+from scheduler.planning.bounds import step_lower_bounds
 from scheduler.planning.hybrid import allocate
+from scheduler.planning.pipeline import layer_usable, micro_batch_candidates
 from scheduler.planning.planner import make_plan
-from scheduler.planning.stages import Chain, Stage
+from scheduler.planning.stages import Chain, Stage, tied_embedding
 from tests.support import unit_device
 
 
@@ -92,3 +97,45 @@ def test_batches_that_do_not_divide(global_batch: int):
     profile = analytic_profile(parse_cluster(_cluster(2)), get_preset("gpt2-medium"))
     plan = make_plan(profile, global_batch, "hybrid")
     _check_valid(plan, profile, global_batch, 24)
+
+
+def _mixed(num_nodes: int, seed: int) -> dict:
+    """Nodes of four random catalogue GPUs: pipelines of unlike stages."""
+    rng = random.Random(seed)
+    types = ["A100-80GB", "V100-16GB", "L4-24GB", "T4-16GB", "A10-24GB", "RTX3090-24GB"]
+    return {
+        "name": "mix",
+        "nodes": [
+            {"name": f"n{i}", "devices": [{"type": rng.choice(types)} for _ in range(4)]}
+            for i in range(num_nodes)
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("seed", "model", "global_batch"),
+    [(1, "gpt2-xl", 96), (2, "gpt2-medium", 37), (3, "gpt2-small", 130)],
+)
+def test_step_bound_never_exceeds_the_step_and_pruning_keeps_the_plan(
+    seed: int, model: str, global_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound that prunes micro-batch sizes (scheduler.planning.bounds) is below the
+    step each size really gets, and the plan is the one the unpruned search finds."""
+    profile = analytic_profile(parse_cluster(_mixed(4, seed)), get_preset(model))
+    partitioner = hybrid.Partitioner(tied_embedding(profile))
+    usable = layer_usable(profile)
+    for groups in (
+        hybrid.group_by_node(usable, partitioner),
+        hybrid.group_by_type(usable, partitioner, 1),
+    ):
+        sizes = micro_batch_candidates(global_batch)
+        bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
+        for size, bound in zip(sizes, bounds, strict=True):
+            monkeypatch.setattr(hybrid, "micro_batch_candidates", lambda _b, s=size: [s])
+            choice = hybrid.evaluate("t", groups, global_batch, profile, partitioner)
+            if choice is not None:
+                assert bound <= choice.step_s, (size, bound, choice.step_s)
+        monkeypatch.undo()
+    pruned = make_plan(profile, global_batch, "hybrid")
+    monkeypatch.setattr(hybrid, "step_lower_bounds", lambda _g, _b, sizes, _l: [0.0] * len(sizes))
+    assert make_plan(profile, global_batch, "hybrid") == pruned

@@ -7,6 +7,7 @@ planner is checked against the formula a user reads, not against itself.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from typing import Any
@@ -324,6 +325,40 @@ def test_dp_trains_on_one_node_when_the_network_is_too_slow() -> None:
     assert_feasible(plan, profile, 12)
 
 
+@st.composite
+def profiles_of_few_kinds(draw: Any) -> tuple[Profile, int]:
+    """Copies of one or two device kinds: the planner searches per kind, not per device."""
+    global_batch = draw(st.integers(1, 14))
+    kinds = [
+        {
+            "fixed_s": draw(st.floats(0.0, 1.0, allow_subnormal=False)),
+            "per_sample_s": draw(st.floats(0.001, 1.0, allow_subnormal=False)),
+            "max_micro": draw(st.integers(1, global_batch + 1)),
+        }
+        for _ in range(draw(st.integers(1, 2)))
+    ]
+    pattern = draw(st.lists(st.integers(0, len(kinds) - 1), min_size=2, max_size=5))
+    devices = [device(f"n{i % 2}/{i}", **kinds[k]) for i, k in enumerate(pattern)]
+    return profile_of(*devices), global_batch
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profiles_of_few_kinds())
+def test_dp_over_repeated_kinds_equals_brute_force(case: tuple[Profile, int]) -> None:
+    profile, global_batch = case
+    plan = plan_dp(profile, global_batch)
+    assert_feasible(plan, profile, global_batch)
+    assert plan.compute_s == pytest.approx(
+        brute_force_busy_s(list(profile.devices), global_batch), rel=1e-9
+    )
+
+
+def test_identical_devices_share_the_remainder_in_device_order() -> None:
+    """Four identical devices, ten samples: the two extra samples go to the first two."""
+    profile = profile_of(*(device(f"n/{i}", fixed_s=0.01) for i in range(4)))
+    assert [d.samples for d in plan_dp(profile, 10).devices] == [3, 3, 2, 2]
+
+
 # --- the plan document --------------------------------------------------------
 
 
@@ -359,3 +394,18 @@ def test_plan_json_round_trip() -> None:
     assert plan_from_dict(data) == plan
     with pytest.raises(PlanError, match="plan: malformed plan document"):
         plan_from_dict({"strategy": "dp"})
+
+
+def test_large_plan_json_is_exactly_the_compact_encoding_of_its_dict() -> None:
+    """Beyond the pretty-printed size, plans are written entry by entry (issue 20's
+    speed); the text must be what ``json.dumps`` of the document gives, for plain and
+    pipeline entries alike."""
+    nodes = [
+        {"name": f"n{i}", "devices": [{"type": "A100-80GB"}, {"type": "T4-16GB", "count": 7}]}
+        for i in range(12)
+    ]
+    profile = analytic_profile(parse_cluster({"name": "t", "nodes": nodes}), get_preset("gpt2-xl"))
+    for strategy in ("dp", "hybrid"):
+        plan = make_plan(profile, 1001, strategy)
+        assert len(plan.devices) + len(plan.excluded) > 64
+        assert plan.to_json() == json.dumps(plan.to_dict())
