@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.accounts import SINGLE_USER, Principal, UserRecord, may
 from api.core.settings import Settings
 from api.execution.executor import Executor
 from api.schemas.service import ErrorPublic
@@ -48,43 +49,107 @@ async def get_store(state: StateDep) -> JobStore:
 
 StoreDep = Annotated[JobStore, Depends(get_store)]
 
-_bearer = HTTPBearer(auto_error=False, description="Needed when HETSCHED_API_TOKEN is set.")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="Needed once HETSCHED_API_TOKEN or any user's token is configured.",
+)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-async def require_token(
-    state: StateDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Mutating calls need the bearer token when one is configured; reads stay open."""
-    token = state.settings.token
-    if token is None:
-        return
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "authorization: send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "authorization: wrong token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def _user_principal(user: UserRecord | None, *, where: str) -> Principal:
+    if user is None:
+        raise _unauthorized(f"authorization: wrong {where}")
+    if user.revoked_at is not None:
+        raise _unauthorized(f"authorization: the token of {user.name!r} was revoked")
+    return user.principal
+
+
+async def get_principal(state: StateDep, request: Request, credentials: Credentials) -> Principal:
+    """Who the request acts as. With no token configured anywhere, everyone is the single
+    (admin) user, as before users existed; then a bearer token (``HETSCHED_API_TOKEN``: the
+    admin; otherwise a user's), the trusted proxy's header, or nobody."""
+    settings, accounts = state.settings, state.store.accounts
+    admin_token = settings.token
+    if admin_token is None and not accounts.has_tokens():
+        return SINGLE_USER
+    if credentials is not None:
+        given = credentials.credentials
+        if admin_token is not None and secrets.compare_digest(given.encode(), admin_token.encode()):
+            return SINGLE_USER
+        return _user_principal(accounts.by_token(given), where="token")
+    header = settings.identity_header
+    if header and request.headers.get(header):
+        name = request.headers[header]
+        return _user_principal(accounts.user(name), where=f"user {name[:64]!r} in {header}")
+    return Principal(name=None, reads_all=settings.open_reads)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+NO_TOKEN = "authorization: send 'Authorization: Bearer <token>'"
+
+
+async def require_reader(principal: PrincipalDep) -> Principal:
+    """Reads of jobs, logs, metrics, checkpoints and the schedule need a token once tokens
+    exist, unless ``HETSCHED_OPEN_READS`` opens them."""
+    if not principal.authenticated and not principal.reads_all:
+        raise _unauthorized(NO_TOKEN)
+    return principal
+
+
+async def require_token(principal: PrincipalDep) -> Principal:
+    """Mutating calls need a token once one is configured."""
+    if not principal.authenticated:
+        raise _unauthorized(NO_TOKEN)
+    return principal
+
+
+async def require_admin(principal: Annotated[Principal, Depends(require_token)]) -> Principal:
+    """Users, projects, the audit log, profiling and fault injection: admins only."""
+    if not principal.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "authorization: admins only")
+    return principal
 
 
 Auth = Depends(require_token)
+ReadAuth = Depends(require_reader)
+AdminAuth = Depends(require_admin)
+ReaderDep = Annotated[Principal, ReadAuth]
+ActorDep = Annotated[Principal, Auth]
+AdminDep = Annotated[Principal, AdminAuth]
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic, "description": "Token missing or wrong"}
 }
 """What a route that depends on ``Auth`` adds to its documented ``responses``."""
+ADMIN_ONLY: dict[int | str, dict[str, Any]] = {
+    **UNAUTHORIZED,
+    403: {"model": ErrorPublic, "description": "Not an admin's token"},
+}
 
 
-async def get_job(job_id: str, store: StoreDep) -> JobRecord:
+async def get_job(job_id: str, store: StoreDep, principal: ReaderDep) -> JobRecord:
+    """The job, if ``principal`` may read it: another project's job is as absent as one
+    that never existed (404), so ids do not leak."""
     job = store.get(job_id) if JOB_ID.fullmatch(job_id) else None
-    if job is None:
+    if job is None or not may(principal, job.project, "read"):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job: no job with id {job_id!r}")
     return job
 
 
 JobDep = Annotated[JobRecord, Depends(get_job)]
+
+
+async def get_job_to_act(job: JobDep, principal: ActorDep) -> JobRecord:
+    """The job, if ``principal`` may also stop or delete it (404 as for one it cannot see)."""
+    if not may(principal, job.project, "act"):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job: no job with id {job.id!r}")
+    return job
+
+
+ActJobDep = Annotated[JobRecord, Depends(get_job_to_act)]

@@ -8,12 +8,15 @@ store has profiles (:class:`Demands`); each round leaves a :class:`Schedule`, wh
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
+from api.accounts import ProjectRecord
 from api.execution.ledger import LiveJob
 from api.schemas.jobs import JobCreate
 from api.services import model_from_ref, model_key
@@ -55,6 +58,89 @@ def check_device_counts(spec: JobCreate, num_devices: int) -> None:
         )
 
 
+def quota_reason(project: ProjectRecord | None, *, held: int, need: int) -> str:
+    """Why ``project``'s ``max_devices`` holds back a job needing ``need`` more devices
+    while the project's jobs hold ``held``; empty when it does not."""
+    if project is None or project.max_devices is None or held + need <= project.max_devices:
+        return ""
+    return (
+        f"quota: project {project.name} holds {held} of its {project.max_devices} device(s) "
+        f"(max_devices); this job needs {need}"
+    )
+
+
+def apply_quotas(
+    demands: Sequence[JobDemand],
+    *,
+    project_of: Mapping[str, str],
+    projects: Mapping[str, ProjectRecord],
+    held: Mapping[str, int],
+) -> tuple[list[JobDemand], dict[str, str]]:
+    """The demands the policy may place under each project's quotas, and why each job a
+    quota holds back waits.
+
+    ``max_devices``: the project's waiting jobs are let in, in queue order, while their
+    ``min_devices`` fit beside what its jobs ``held``; the devices left over become the
+    ceiling of each job's ``max_devices`` in turn (waiting jobs first), so whatever the
+    policy decides the project never holds more than its quota. ``weight``: with jobs of
+    more than one project, a job's priority becomes its project's weight times its share
+    of the project's priorities, so the policies' weighted shares split the cluster
+    between projects by weight, then between a project's jobs by priority.
+    """
+    left = {
+        name: p.max_devices - held.get(name, 0)
+        for name, p in projects.items()
+        if p.max_devices is not None
+    }
+    held_back: dict[str, str] = {}
+    for d in demands:
+        project = project_of.get(d.name, "")
+        if d.held or project not in left:
+            continue
+        if left[project] < d.min_devices:
+            quota = projects[project]
+            held_back[d.name] = quota_reason(quota, held=held.get(project, 0), need=d.min_devices)
+            continue
+        left[project] -= d.min_devices
+    kept = [d for d in demands if d.name not in held_back]
+    capped = {
+        d.name: _capped(d, project_of.get(d.name, ""), left)
+        for d in sorted(kept, key=lambda d: bool(d.held))  # the spare goes to waiting jobs first
+    }
+    return _weighted([capped[d.name] for d in kept], project_of, projects), held_back
+
+
+def _capped(demand: JobDemand, project: str, left: dict[str, int]) -> JobDemand:
+    """``demand`` with at most the devices its project has left (taken from ``left``)."""
+    if project not in left:
+        return demand
+    base = len(demand.held) or demand.min_devices
+    spare = max(0, left[project])
+    ceiling = base + spare
+    wanted = demand.max_devices if demand.max_devices is not None else math.inf
+    new_max = max(demand.min_devices, int(min(wanted, ceiling)))
+    left[project] = spare - max(0, new_max - base)
+    return demand if new_max == demand.max_devices else replace(demand, max_devices=new_max)
+
+
+def _weighted(
+    demands: list[JobDemand], project_of: Mapping[str, str], projects: Mapping[str, ProjectRecord]
+) -> list[JobDemand]:
+    names = {project_of.get(d.name, "") for d in demands}
+    if len(names) < 2:
+        return demands  # one project: the policies see the priorities as they were
+    totals: dict[str, float] = {}
+    for d in demands:
+        key = project_of.get(d.name, "")
+        totals[key] = totals.get(key, 0.0) + d.priority
+    out = []
+    for d in demands:
+        key = project_of.get(d.name, "")
+        weight = projects[key].weight if key in projects else 1.0
+        out.append(replace(d, priority=weight * d.priority / totals[key]))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduledJob:
     """One job in a round: what it holds, what the policy gave it, and why."""
@@ -72,6 +158,8 @@ class ScheduledJob:
     priority: float
     waiting_s: float
     """Seconds since it was submitted, while it waits; 0 once it runs."""
+    owner: str = ""
+    project: str = ""
 
     @classmethod
     def of(
@@ -95,6 +183,8 @@ class ScheduledJob:
             reason=reason,
             priority=job.spec.priority,
             waiting_s=(datetime.now(UTC) - job.created_at).total_seconds() if waiting else 0.0,
+            owner=job.owner,
+            project=job.project,
         )
 
 

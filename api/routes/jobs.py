@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import fsspec
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
+from api.accounts import Principal, ProjectRecord, may, visible_projects
 from api.core.settings import API_PREFIX
-from api.deps import UNAUTHORIZED, Auth, JobDep, StateDep, StoreDep
+from api.deps import (
+    UNAUTHORIZED,
+    ActJobDep,
+    ActorDep,
+    Auth,
+    JobDep,
+    ReadAuth,
+    ReaderDep,
+    StateDep,
+    StoreDep,
+)
 from api.execution.scheduling import check_device_counts
 from api.schemas.jobs import (
     CheckpointPublic,
@@ -23,6 +35,7 @@ from api.schemas.jobs import (
 )
 from api.schemas.service import ErrorPublic, Message
 from api.services import (
+    NotOnServer,
     check_devices,
     check_simulated_fit,
     model_from_ref,
@@ -30,6 +43,7 @@ from api.services import (
     stream_checkpoint,
 )
 from api.states import JobState
+from api.store import JobRecord, JobStore
 from api.views import job_public
 from scheduler.models.presets import check_trainable
 
@@ -37,7 +51,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = {
     **UNAUTHORIZED,
-    404: {"model": ErrorPublic, "description": "No such job"},
+    404: {"model": ErrorPublic, "description": "No such job (or another project's)"},
     409: {"model": ErrorPublic, "description": "Not allowed in the job's state"},
 }
 
@@ -56,13 +70,19 @@ ERRORS = {
         },
     },
 )
-def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
-    """Queue a job. A repeated ``submission_id`` answers 200 with the job it created."""
+def submit_job(
+    spec: JobCreate, state: StateDep, response: Response, principal: ActorDep
+) -> JobPublic:
+    """Queue a job in one of the submitter's projects, within its quotas (priority: 422;
+    jobs queued: 409). A repeated ``submission_id`` answers 200 with the job it created."""
     if spec.submission_id is not None:
         existing = state.store.get_by_submission(spec.submission_id)
-        if existing is not None:
+        if existing is not None and may(principal, existing.project, "read"):
             response.status_code = status.HTTP_200_OK
             return job_public(existing)
+    project = _project_for(spec, principal, state.store)
+    spec = spec.model_copy(update={"project": project.name})
+    _check_sources(spec, principal, state.store)
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     check_trainable(model)
     device_ids = check_devices(state.handle, spec.devices)
@@ -82,34 +102,97 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
         model_name=model.name,
         spec=spec,
         submission_id=spec.submission_id,
+        owner=principal.name or "",
+        project=project.name,
     )
     if not created:
         response.status_code = status.HTTP_200_OK
-    elif state.executor is not None:
-        state.executor.wake()
+    else:
+        state.store.accounts.audit(principal, "job.submit", job.id, project=project.name)
+        if state.executor is not None:
+            state.executor.wake()
     return job_public(job)
 
 
-@router.get("", response_model=JobsPublic)
+def _unprocessable(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+
+
+def _project_for(spec: JobCreate, principal: Principal, store: JobStore) -> ProjectRecord:
+    """The project the job counts against, once its quotas let it in."""
+    name = spec.project or principal.default_project
+    if not principal.is_admin and name not in principal.projects:
+        yours = ", ".join(principal.projects) or "none"
+        raise _unprocessable(f"project: you are not a member of {name!r}; yours: {yours}")
+    project = store.accounts.project(name)
+    if project is None:
+        raise _unprocessable(f"project: no project {name!r}")
+    if project.max_priority is not None and spec.priority > project.max_priority:
+        raise _unprocessable(
+            f"priority: {spec.priority:g} is above project {name}'s max_priority "
+            f"{project.max_priority:g}"
+        )
+    if project.max_queued is not None:
+        queued = store.queued_by_project().get(name, 0)
+        if queued >= project.max_queued:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"quota: project {name} has {queued} job(s) queued, its max_queued; "
+                "submit again once one has started, or stop one",
+            )
+    return project
+
+
+def _check_sources(spec: JobCreate, principal: Principal, store: JobStore) -> None:
+    """A job may start from the checkpoints of jobs, and train on datasets, its submitter
+    may read; another project's are as absent as missing ones."""
+    if spec.dataset != "default":
+        owner = store.accounts.dataset(spec.dataset)
+        if not may(principal, owner.project, "read"):
+            raise NotOnServer(f"dataset: no file {spec.dataset!r} in the server's data directory")
+    if spec.init_from is None or spec.init_from.startswith("hf:"):
+        return
+    other_id = spec.init_from.partition("@")[0]
+    other = store.get(other_id)
+    if other is None and principal.is_admin:
+        return  # the job fails when it starts, as before users (the runner says why)
+    if other is None or not may(principal, other.project, "read"):
+        raise _unprocessable(f"init_from: no job {other_id!r}")
+
+
+@router.get("", response_model=JobsPublic, dependencies=[ReadAuth], responses=UNAUTHORIZED)
 def list_jobs(
     store: StoreDep,
+    principal: ReaderDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     state: JobState | None = None,
+    owner: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> JobsPublic:
-    """Jobs, newest first; ``count`` is the number matching over all pages."""
-    jobs, count = store.list_jobs(state=state, limit=limit, offset=offset)
+    """The jobs of the caller's projects (an admin's: all), newest first; ``owner``: only
+    that user's. ``count`` is the number matching over all pages."""
+    jobs, count = store.list_jobs(
+        state=state,
+        limit=limit,
+        offset=offset,
+        projects=visible_projects(principal),
+        owner=owner,
+    )
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
+@router.get("/{job_id}", response_model=JobPublic, responses={**UNAUTHORIZED, 404: ERRORS[404]})
 async def read_job(job: JobDep, store: StoreDep) -> JobPublic:
     """The job and what changed its plan while it ran (polled by dashboards, so served
     without a thread-pool hop)."""
     return job_public(job, store.events(job.id))
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=CheckpointsPublic,
+    responses={**UNAUTHORIZED, 404: ERRORS[404]},
+)
 def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
     """The job's checkpoints kept, oldest first; each loads into any plan or cluster."""
     data = [
@@ -128,6 +211,7 @@ def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
     response_class=Response,
     responses={
         200: {"content": {"application/gzip": {}}, "description": "The checkpoint, .tar.gz"},
+        **UNAUTHORIZED,
         404: ERRORS[404],
     },
 )
@@ -149,7 +233,11 @@ def download_checkpoint(
     )
 
 
-@router.get("/{job_id}/metrics", response_model=JobMetricsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/metrics",
+    response_model=JobMetricsPublic,
+    responses={**UNAUTHORIZED, 404: ERRORS[404]},
+)
 def read_metrics(
     job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
 ) -> JobMetricsPublic:
@@ -160,7 +248,9 @@ def read_metrics(
     return JobMetricsPublic(job_id=job.id, data=data, count=len(data))
 
 
-@router.get("/{job_id}/logs", response_model=JobLogsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/logs", response_model=JobLogsPublic, responses={**UNAUTHORIZED, 404: ERRORS[404]}
+)
 def read_logs(
     job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
 ) -> JobLogsPublic:
@@ -178,13 +268,14 @@ def read_logs(
     dependencies=[Auth],
     responses=ERRORS,
 )
-def stop_job(job: JobDep, state: StateDep) -> JobPublic:
+def stop_job(job: ActJobDep, state: StateDep, principal: ActorDep) -> JobPublic:
     """A pending job stops at once; a running one stops after its current step."""
     if job.terminal:
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"job: {job.id} is already {job.state}; nothing to stop"
         )
     updated = state.store.request_stop(job.id)
+    state.store.accounts.audit(principal, "job.stop", job.id, project=job.project)
     if state.executor is not None:
         state.executor.request_stop(job.id)
     assert updated is not None
@@ -197,12 +288,40 @@ def stop_job(job: JobDep, state: StateDep) -> JobPublic:
     dependencies=[Auth],
     responses=ERRORS,
 )
-def delete_job(job: JobDep, store: StoreDep) -> Message:
-    """Delete a finished job with its metrics and logs; running ones must be stopped first."""
+def delete_job(job: ActJobDep, state: StateDep, principal: ActorDep) -> Message:
+    """Delete a finished job with its metrics, logs and checkpoint files; running ones must
+    be stopped first, and one whose checkpoints an unfinished job starts from (its
+    ``init_from``) is kept until that job ends (409)."""
+    store = state.store
+    _check_not_needed(job, principal, store)
     if not job.terminal or not store.delete(job.id):
         raise HTTPException(
             status.HTTP_409_CONFLICT,
             f"job: {job.id} is {job.state}; only STOPPED, SUCCEEDED or FAILED "
             "jobs can be deleted (stop it first)",
         )
+    removed = _remove_files(state.settings.job_checkpoints(job.id))
+    store.accounts.audit(principal, "job.delete", job.id, project=job.project, detail=removed)
     return Message(message=f"job {job.id} deleted")
+
+
+def _check_not_needed(job: JobRecord, principal: Principal, store: JobStore) -> None:
+    for other in store.unfinished():
+        init_from = other.spec.init_from or ""
+        if init_from.partition("@")[0] == job.id and other.id != job.id:
+            visible = may(principal, other.project, "read")
+            who = f"job {other.id}" if visible else "a job of another project"
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"job: {job.id}'s checkpoints are still needed: {who} starts from them "
+                "(init_from) and has not ended; delete it once that job ends",
+            )
+
+
+def _remove_files(uri: str) -> str:
+    """Remove a job's checkpoint folder (any fsspec location); says what went."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    if not fs.exists(root):
+        return "no checkpoint files"
+    fs.rm(root, recursive=True)
+    return f"removed {uri}"
