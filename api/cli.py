@@ -9,6 +9,7 @@
     hetsched prepare-data ...           tokenize a text file into a token-id dataset
     hetsched export ...                 a checkpoint as a Hugging Face model directory
     hetsched submit|jobs|status|stop    talk to a running control plane
+    hetsched users|projects|audit       manage who shares it (admins)
 
 User errors print one line, ``hetsched: error: ...``, and exit with code 2.
 """
@@ -36,6 +37,9 @@ COMMANDS = {
     "jobs": "client",
     "status": "client",
     "stop": "client",
+    "users": "users",
+    "projects": "users",
+    "audit": "users",
 }
 
 
