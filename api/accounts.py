@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from sqlalchemy import Engine, delete, func, select
@@ -31,6 +31,8 @@ from api.core.db import (
     MembershipRow,
     ProjectRow,
     UserRow,
+    now,
+    utc,
 )
 from scheduler.errors import HetschedError
 
@@ -96,16 +98,6 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UserRecord:
     name: str
@@ -164,7 +156,13 @@ def _project(row: ProjectRow) -> ProjectRecord:
         max_queued=row.max_queued,
         max_priority=row.max_priority,
         storage_bytes=row.storage_bytes,
-        created_at=_utc(row.created_at) or now(),
+        created_at=utc(row.created_at) or now(),
+    )
+
+
+def _dataset(row: DatasetRow) -> DatasetOwner:
+    return DatasetOwner(
+        name=row.name, owner=row.owner, project=row.project, size_bytes=row.size_bytes
     )
 
 
@@ -202,8 +200,8 @@ class AccountStore:
             name=row.name,
             is_admin=row.is_admin,
             projects=tuple(projects),
-            created_at=_utc(row.created_at) or now(),
-            revoked_at=_utc(row.revoked_at),
+            created_at=utc(row.created_at) or now(),
+            revoked_at=utc(row.revoked_at),
         )
 
     def by_token(self, token: str) -> UserRecord | None:
@@ -320,19 +318,12 @@ class AccountStore:
             if row is None:
                 owner, project = LEGACY_DATASET
                 return DatasetOwner(name=name, owner=owner, project=project, size_bytes=0)
-            return DatasetOwner(
-                name=row.name, owner=row.owner, project=row.project, size_bytes=row.size_bytes
-            )
+            return _dataset(row)
 
     def datasets(self) -> dict[str, DatasetOwner]:
         """Name -> owner of every uploaded dataset file."""
         with self._tx() as session:
-            return {
-                r.name: DatasetOwner(
-                    name=r.name, owner=r.owner, project=r.project, size_bytes=r.size_bytes
-                )
-                for r in session.scalars(select(DatasetRow))
-            }
+            return {r.name: _dataset(r) for r in session.scalars(select(DatasetRow))}
 
     def add_dataset(self, owner: DatasetOwner) -> None:
         with self._tx() as session:
@@ -393,7 +384,7 @@ class AccountStore:
             records = [
                 AuditRecord(
                     id=r.id,
-                    time=_utc(r.time) or now(),
+                    time=utc(r.time) or now(),
                     actor=r.actor,
                     action=r.action,
                     target=r.target,

@@ -70,13 +70,18 @@ def _user_principal(user: UserRecord | None, *, where: str) -> Principal:
     return user.principal
 
 
+def single_user(state: AppState) -> bool:
+    """No token is configured anywhere: the service is single-user (loopback only)."""
+    return state.settings.token is None and not state.store.accounts.has_tokens()
+
+
 async def get_principal(state: StateDep, request: Request, credentials: Credentials) -> Principal:
     """Who the request acts as. With no token configured anywhere, everyone is the single
     (admin) user, as before users existed; then a bearer token (``HETSCHED_API_TOKEN``: the
     admin; otherwise a user's), the trusted proxy's header, or nobody."""
     settings, accounts = state.settings, state.store.accounts
     admin_token = settings.token
-    if admin_token is None and not accounts.has_tokens():
+    if single_user(state):
         return SINGLE_USER
     if credentials is not None:
         given = credentials.credentials
@@ -153,3 +158,15 @@ async def get_job_to_act(job: JobDep, principal: ActorDep) -> JobRecord:
 
 
 ActJobDep = Annotated[JobRecord, Depends(get_job_to_act)]
+
+
+def check_project(principal: Principal, name: str, *, known: bool) -> None:
+    """Refuse (409) a job or upload into a project that does not exist or that the
+    caller is not a member of; one message for both, so names do not leak."""
+    if principal.is_admin and not known:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"project: no project {name!r}")
+    if not principal.is_admin and (name not in principal.projects or not known):
+        yours = ", ".join(principal.projects) or "none"
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"project: {name!r} is not one of yours ({yours})"
+        )

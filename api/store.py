@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, select, update
@@ -31,6 +31,8 @@ from api.core.db import (
     LogRow,
     ProfileRow,
     StepRow,
+    now,
+    utc,
 )
 from api.schemas.jobs import JobCreate
 from api.states import TERMINAL_STATES, JobState
@@ -47,17 +49,6 @@ TERMINAL = TERMINAL_STATES
 
 R = TypeVar("R", bound="DataclassInstance")
 """A record type of this module (each is a dataclass)."""
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; they were written in UTC."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,7 +139,7 @@ def _from_row(record_type: type[R], row: object, **stored_otherwise: Any) -> R:
     }
     for name, value in values.items():
         if isinstance(value, datetime):
-            values[name] = _utc(value)
+            values[name] = utc(value)
     return record_type(**values, **stored_otherwise)
 
 

@@ -6,7 +6,7 @@ works unchanged: only portable column types, JSON documents stored as text.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     BigInteger,
@@ -30,6 +30,18 @@ DEFAULT_USER = "admin"
 ``HETSCHED_API_TOKEN`` act as."""
 DEFAULT_PROJECT = "default"
 """Project of what was made before projects existed, and the admin's own."""
+
+
+def now() -> datetime:
+    """What every row's time is written as."""
+    return datetime.now(UTC)
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; they were written in UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
 
 
 class Base(DeclarativeBase):

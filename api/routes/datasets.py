@@ -23,7 +23,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel
 
 from api.accounts import LEGACY_DATASET, DatasetOwner, Principal, may, visible_projects
-from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep
+from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep, check_project
 from api.schemas.service import ErrorPublic, Message
 from api.services import list_datasets
 from scheduler.errors import HetschedError
@@ -244,11 +244,7 @@ async def upload_dataset(
 
 def _upload_project(state: StateDep, principal: Principal, project: str | None) -> str:
     name = project or principal.default_project
-    if not principal.is_admin and name not in principal.projects:
-        yours = ", ".join(principal.projects) or "none"
-        raise _bad(f"project: you are not a member of {name!r}; yours: {yours}")
-    if state.store.accounts.project(name) is None:
-        raise _bad(f"project: no project {name!r}")
+    check_project(principal, name, known=state.store.accounts.project(name) is not None)
     return name
 
 

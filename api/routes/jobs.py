@@ -20,6 +20,7 @@ from api.deps import (
     ReaderDep,
     StateDep,
     StoreDep,
+    check_project,
 )
 from api.execution.scheduling import check_device_counts
 from api.schemas.jobs import (
@@ -66,15 +67,16 @@ ERRORS = {
         **UNAUTHORIZED,
         409: {
             "model": ErrorPublic,
-            "description": "The model fits no device, or a device id or dataset the server lacks",
+            "description": "The model fits no device; a device id, dataset, init_from job or "
+            "project the server lacks (or the caller may not use); the project's max_queued",
         },
     },
 )
 def submit_job(
     spec: JobCreate, state: StateDep, response: Response, principal: ActorDep
 ) -> JobPublic:
-    """Queue a job in one of the submitter's projects, within its quotas (priority: 422;
-    jobs queued: 409). A repeated ``submission_id`` answers 200 with the job it created."""
+    """Queue a job in one of the submitter's projects, within its quotas (``max_priority``:
+    422; ``max_queued``: 409). A repeated ``submission_id`` answers 200 with the job it created."""
     if spec.submission_id is not None:
         existing = state.store.get_by_submission(spec.submission_id)
         if existing is not None and may(principal, existing.project, "read"):
@@ -121,12 +123,9 @@ def _unprocessable(detail: str) -> HTTPException:
 def _project_for(spec: JobCreate, principal: Principal, store: JobStore) -> ProjectRecord:
     """The project the job counts against, once its quotas let it in."""
     name = spec.project or principal.default_project
-    if not principal.is_admin and name not in principal.projects:
-        yours = ", ".join(principal.projects) or "none"
-        raise _unprocessable(f"project: you are not a member of {name!r}; yours: {yours}")
     project = store.accounts.project(name)
-    if project is None:
-        raise _unprocessable(f"project: no project {name!r}")
+    check_project(principal, name, known=project is not None)
+    assert project is not None
     if project.max_priority is not None and spec.priority > project.max_priority:
         raise _unprocessable(
             f"priority: {spec.priority:g} is above project {name}'s max_priority "
@@ -157,7 +156,7 @@ def _check_sources(spec: JobCreate, principal: Principal, store: JobStore) -> No
     if other is None and principal.is_admin:
         return  # the job fails when it starts, as before users (the runner says why)
     if other is None or not may(principal, other.project, "read"):
-        raise _unprocessable(f"init_from: no job {other_id!r}")
+        raise NotOnServer(f"init_from: no job {other_id!r}")
 
 
 @router.get("", response_model=JobsPublic, dependencies=[ReadAuth], responses=UNAUTHORIZED)

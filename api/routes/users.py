@@ -7,6 +7,8 @@ single-user, and the first user's token would lock the loopback user out.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, HTTPException, status
 
 from api.accounts import (
@@ -14,9 +16,9 @@ from api.accounts import (
     AccountError,
     ProjectRecord,
     UserRecord,
-    now,
 )
-from api.deps import ADMIN_ONLY, UNAUTHORIZED, AdminDep, PrincipalDep, StateDep
+from api.core.db import now
+from api.deps import ADMIN_ONLY, UNAUTHORIZED, AdminDep, ReaderDep, StateDep, single_user
 from api.schemas.service import ErrorPublic
 from api.schemas.users import (
     Me,
@@ -33,8 +35,12 @@ from api.schemas.users import (
 users = APIRouter(prefix="/users", tags=["users"])
 projects = APIRouter(prefix="/projects", tags=["users"])
 
-CONFLICT = {409: {"model": ErrorPublic, "description": "The name exists, or no admin token"}}
-MISSING = {404: {"model": ErrorPublic, "description": "No such user or project"}}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorPublic, "description": "The name exists, or no admin token"}
+}
+MISSING: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorPublic, "description": "No such user or project"}
+}
 
 
 def _public(user: UserRecord) -> UserPublic:
@@ -56,13 +62,14 @@ def _conflict(exc: AccountConflict) -> HTTPException:
 
 
 @users.get("/me", response_model=Me, responses=UNAUTHORIZED)
-async def read_me(principal: PrincipalDep, state: StateDep) -> Me:
-    """Who the caller's token says they are (no token: nobody, or the single user)."""
+async def read_me(principal: ReaderDep, state: StateDep) -> Me:
+    """Who the caller's token says they are (the single user when no token is configured;
+    nobody, with ``HETSCHED_OPEN_READS``, when none is sent)."""
     return Me(
         name=principal.name,
         is_admin=principal.is_admin,
         projects=list(principal.projects),
-        single_user=state.settings.token is None and not state.store.accounts.has_tokens(),
+        single_user=single_user(state),
     )
 
 
@@ -75,7 +82,7 @@ async def read_me(principal: PrincipalDep, state: StateDep) -> Me:
 def add_user(spec: UserCreate, state: StateDep, principal: AdminDep) -> UserCreated:
     """A user and their API token, shown this once (only its SHA-256 is kept)."""
     accounts = state.store.accounts
-    if state.settings.token is None and not accounts.has_tokens():
+    if single_user(state):
         raise HTTPException(
             status.HTTP_409_CONFLICT,
             "users: set HETSCHED_API_TOKEN (the admin's token) and restart before adding "
@@ -156,7 +163,7 @@ def update_project(
 
 
 @projects.get("", response_model=ProjectsPublic, responses=UNAUTHORIZED)
-def list_projects(state: StateDep, principal: PrincipalDep) -> ProjectsPublic:
+def list_projects(state: StateDep, principal: ReaderDep) -> ProjectsPublic:
     """Every project for an admin; the caller's own otherwise."""
     every = state.store.accounts.projects()
     data = [_project_public(p) for p in every if principal.is_admin or p.name in principal.projects]

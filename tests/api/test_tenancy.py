@@ -147,8 +147,11 @@ def test_another_projects_job_is_a_404_everywhere(
     assert job_id not in [j["id"] for j in bob.get(JOBS).json()["data"]]
     theirs = bob.post(JOBS, json={**TINY, "init_from": f"{job_id}@2"})
     missing = bob.post(JOBS, json={**TINY, "init_from": "0123456789ab@2"})
-    assert theirs.status_code == missing.status_code == 422
+    assert theirs.status_code == missing.status_code == 409
     assert detail(theirs) == f"init_from: no job {job_id!r}"
+    other = bob.post(JOBS, json={**TINY, "project": "vision"})
+    assert other.status_code == 409
+    assert detail(other) == "project: 'vision' is not one of yours (nlp)"
     # carol shares alice's project: she reads the job and downloads its checkpoint
     carol = team["carol"]
     assert carol.get(f"{JOBS}/{job_id}").json()["owner"] == "alice"
