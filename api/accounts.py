@@ -141,6 +141,14 @@ class DatasetOwner:
     owner: str
     project: str
     size_bytes: int
+    shared: bool = False
+    """Placed in the data directory by the operator, not uploaded: every job may train on
+    it, as on the bundled corpus (only the default project's members delete it)."""
+
+
+def may_use_dataset(principal: Principal, dataset: DatasetOwner, action: Action) -> bool:
+    """:func:`may` for a dataset file: the operator's own files are everyone's to read."""
+    return (action == "read" and dataset.shared) or may(principal, dataset.project, action)
 
 
 LEGACY_DATASET = (DEFAULT_USER, DEFAULT_PROJECT)
@@ -317,7 +325,9 @@ class AccountStore:
             row = session.get(DatasetRow, name)
             if row is None:
                 owner, project = LEGACY_DATASET
-                return DatasetOwner(name=name, owner=owner, project=project, size_bytes=0)
+                return DatasetOwner(
+                    name=name, owner=owner, project=project, size_bytes=0, shared=True
+                )
             return _dataset(row)
 
     def datasets(self) -> dict[str, DatasetOwner]:

@@ -22,7 +22,14 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel
 
-from api.accounts import LEGACY_DATASET, DatasetOwner, Principal, may, visible_projects
+from api.accounts import (
+    LEGACY_DATASET,
+    DatasetOwner,
+    Principal,
+    may,
+    may_use_dataset,
+    visible_projects,
+)
 from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep, check_project
 from api.schemas.service import ErrorPublic, Message
 from api.services import list_datasets
@@ -100,10 +107,10 @@ def read_datasets(state: StateDep, principal: ReaderDep) -> DatasetsPublic:
     data = []
     for name in list_datasets(root):
         owner, project = LEGACY_DATASET
-        if name in owners:
+        if name in owners:  # uploaded; the others are the operator's, everyone's to read
             owner, project = owners[name].owner, owners[name].project
-        if name != "default" and visible is not None and project not in visible:
-            continue
+            if visible is not None and project not in visible:
+                continue
         described = _describe(name, DEFAULT_CORPUS if name == "default" else root / name)
         data.append(DatasetListed(**described.model_dump(), owner=owner, project=project))
     return DatasetsPublic(data=data, count=len(data))
@@ -281,7 +288,7 @@ def delete_dataset(name: str, state: StateDep, principal: ActorDep) -> Message:
     path = root / name
     owner = state.store.accounts.dataset(name)
     missing = not _NAME.fullmatch(name) or ".." in name or not path.is_file()
-    if missing or not may(principal, owner.project, "act"):
+    if missing or not may_use_dataset(principal, owner, "act"):
         raise _bad(f"name: no dataset {name[:60]!r}", status.HTTP_404_NOT_FOUND)
     trained = name.removesuffix(".json") if name.endswith(".bin.json") else name
     if trained != name and (root / trained).is_file():

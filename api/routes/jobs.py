@@ -8,7 +8,7 @@ import fsspec
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from fastapi.responses import StreamingResponse
 
-from api.accounts import Principal, ProjectRecord, may, visible_projects
+from api.accounts import Principal, ProjectRecord, may, may_use_dataset, visible_projects
 from api.core.settings import API_PREFIX
 from api.deps import (
     UNAUTHORIZED,
@@ -79,7 +79,12 @@ def submit_job(
     422; ``max_queued``: 409). A repeated ``submission_id`` answers 200 with the job it created."""
     if spec.submission_id is not None:
         existing = state.store.get_by_submission(spec.submission_id)
-        if existing is not None and may(principal, existing.project, "read"):
+        if existing is not None and not may(principal, existing.project, "read"):
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                "submission_id: already used by another project's job; pick another",
+            )
+        if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(existing)
     project = _project_for(spec, principal, state.store)
@@ -147,7 +152,7 @@ def _check_sources(spec: JobCreate, principal: Principal, store: JobStore) -> No
     may read; another project's are as absent as missing ones."""
     if spec.dataset != "default":
         owner = store.accounts.dataset(spec.dataset)
-        if not may(principal, owner.project, "read"):
+        if not may_use_dataset(principal, owner, "read"):
             raise NotOnServer(f"dataset: no file {spec.dataset!r} in the server's data directory")
     if spec.init_from is None or spec.init_from.startswith("hf:"):
         return
