@@ -58,13 +58,16 @@ def check_device_counts(spec: JobCreate, num_devices: int) -> None:
         )
 
 
-def quota_reason(project: ProjectRecord | None, *, held: int, need: int) -> str:
+def quota_reason(project: ProjectRecord | None, *, held: int, need: int, promised: int = 0) -> str:
     """Why ``project``'s ``max_devices`` holds back a job needing ``need`` more devices
-    while the project's jobs hold ``held``; empty when it does not."""
-    if project is None or project.max_devices is None or held + need <= project.max_devices:
+    while the project's jobs hold ``held`` and jobs ahead of it in the queue were let in
+    for ``promised`` more; empty when it does not."""
+    limit = project.max_devices if project is not None else None
+    if project is None or limit is None or held + promised + need <= limit:
         return ""
+    ahead = f" and jobs ahead of it start on {promised} more" if promised else ""
     return (
-        f"quota: project {project.name} holds {held} of its {project.max_devices} device(s) "
+        f"quota: project {project.name} holds {held}{ahead} of its {limit} device(s) "
         f"(max_devices); this job needs {need}"
     )
 
@@ -98,8 +101,11 @@ def apply_quotas(
         if d.held or project not in left:
             continue
         if left[project] < d.min_devices:
-            quota = projects[project]
-            held_back[d.name] = quota_reason(quota, held=held.get(project, 0), need=d.min_devices)
+            quota, now_held = projects[project], held.get(project, 0)
+            promised = (quota.max_devices or 0) - now_held - left[project]
+            held_back[d.name] = quota_reason(
+                quota, held=now_held, need=d.min_devices, promised=promised
+            )
             continue
         left[project] -= d.min_devices
     kept = [d for d in demands if d.name not in held_back]

@@ -136,6 +136,13 @@ def _project_for(spec: JobCreate, principal: Principal, store: JobStore) -> Proj
             f"priority: {spec.priority:g} is above project {name}'s max_priority "
             f"{project.max_priority:g}"
         )
+    need = len(spec.devices) if spec.devices is not None else spec.min_devices
+    if project.max_devices is not None and need > project.max_devices:
+        field = "devices" if spec.devices is not None else "min_devices"
+        raise _unprocessable(
+            f"{field}: {need} device(s) are more than project {name}'s max_devices "
+            f"{project.max_devices}; the job could never start"
+        )
     if project.max_queued is not None:
         queued = store.queued_by_project().get(name, 0)
         if queued >= project.max_queued:

@@ -19,11 +19,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from api.accounts import ProjectRecord
 from api.app import create_app
 from api.cli import main
+from api.core.db import now
 from api.core.migrate import upgrade
+from api.execution.scheduling import apply_quotas
+from scheduler.policy.decide import decide
+from scheduler.policy.types import JobDemand
 from tests.api.conftest import make_settings
-from tests.support import JOBS, TERMINAL, uvicorn_thread, wait_for
+from tests.support import JOBS, TERMINAL, make_cluster, uvicorn_thread, wait_for
 
 ADMIN = "admin-secret"
 TINY = {"model": "gpt-tiny", "global_batch": 8, "max_devices": 1}
@@ -170,6 +175,12 @@ def test_a_quota_holds_a_job_back_with_its_reason(
     over = alice.post(JOBS, json={**TINY, "priority": 10})
     assert over.status_code == 422
     assert detail(over) == "priority: 10 is above project vision's max_priority 5"
+    never = alice.post(JOBS, json={**TINY, "min_devices": 2, "max_devices": 2})
+    assert never.status_code == 422
+    assert detail(never) == (
+        "min_devices: 2 device(s) are more than project vision's max_devices 1; "
+        "the job could never start"
+    )
     second = submit(alice, name="alice-2", steps=2)
     reason = "quota: project vision holds 1 of its 1 device(s) (max_devices); this job needs 1"
     job = wait_for(alice, second["id"], lambda j: reason in j["message"])
@@ -303,3 +314,58 @@ def test_jobs_from_before_users_belong_to_the_admin_in_the_default_project(
         row = connection.execute(text("SELECT owner, project FROM jobs")).one()
         admin = connection.execute(text("SELECT is_admin FROM users WHERE name='admin'")).one()
     assert tuple(row) == ("admin", "default") and admin[0]
+
+
+def quota(name: str, *, weight: float = 1.0, max_devices: int | None = None) -> ProjectRecord:
+    return ProjectRecord(
+        name=name,
+        weight=weight,
+        max_devices=max_devices,
+        max_queued=None,
+        max_priority=None,
+        storage_bytes=None,
+        created_at=now(),
+    )
+
+
+def demand(name: str, *, held: tuple[str, ...] = (), min_devices: int = 1) -> JobDemand:
+    return JobDemand(
+        name=name,
+        model="gpt2-medium",
+        global_batch=256,
+        steps_left=1000,
+        held=held,
+        min_devices=min_devices,
+    )
+
+
+def test_projects_share_the_cluster_by_weight_then_between_their_jobs() -> None:
+    cluster = make_cluster(["A100-80GB"] * 8)
+    jobs = [demand(n) for n in ("a1", "b1", "b2", "b3")]
+    project_of = {"a1": "a", "b1": "b", "b2": "b", "b3": "b"}
+    assert {len(d) for d in decide(cluster, jobs, policy="fair").devices.values()} == {2}
+    projects = {"a": quota("a"), "b": quota("b")}
+    kept, held_back = apply_quotas(jobs, project_of=project_of, projects=projects, held={})
+    assert not held_back
+    shared = decide(cluster, kept, policy="fair").devices
+    theirs = sum(len(shared[b]) for b in ("b1", "b2", "b3"))
+    assert len(shared["a1"]) == theirs == 4  # half the cluster each, as the weights say
+
+
+def test_max_devices_lets_jobs_in_while_their_minimum_fits_and_caps_the_rest() -> None:
+    jobs = [
+        demand("run", held=("a/0",)),
+        demand("first"),
+        demand("second"),
+        demand("big", min_devices=3),
+    ]
+    project_of = {"run": "a", "first": "a", "second": "a", "big": "b"}
+    projects = {"a": quota("a", max_devices=2), "b": quota("b", max_devices=2)}
+    kept, held_back = apply_quotas(jobs, project_of=project_of, projects=projects, held={"a": 1})
+    assert held_back == {
+        "second": "quota: project a holds 1 and jobs ahead of it start on 1 more of its 2 "
+        "device(s) (max_devices); this job needs 1",
+        "big": "quota: project b holds 0 of its 2 device(s) (max_devices); this job needs 3",
+    }
+    caps = {d.name: d.max_devices for d in kept}
+    assert caps == {"run": 1, "first": 1}  # together at most the project's 2
