@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import ADMIN_ONLY, AdminDep, StoreDep
-from api.schemas.users import AuditEntryPublic, AuditPublic
+from api.schemas.users import ACTION_PATTERN, AuditEntryPublic, AuditPublic
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 
@@ -19,7 +19,7 @@ def read_audit(
     _principal: AdminDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-    action: Annotated[str | None, Query(min_length=1, max_length=32)] = None,
+    action: Annotated[str | None, Query(max_length=32, pattern=ACTION_PATTERN)] = None,
 ) -> AuditPublic:
     """The audit log, newest first; ``action`` (``job.delete``, say): only those."""
     records, count = store.accounts.audit_log(limit=limit, offset=offset, action=action)

@@ -32,6 +32,7 @@ from api.accounts import (
 )
 from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep, check_project
 from api.schemas.service import ErrorPublic, Message
+from api.schemas.users import ACCOUNT_PATTERN
 from api.services import list_datasets
 from scheduler.errors import HetschedError
 from workers.data.datafile import (
@@ -188,8 +189,8 @@ async def upload_dataset(
     ),
     project: str | None = Query(
         default=None,
-        min_length=1,
         max_length=64,
+        pattern=ACCOUNT_PATTERN,
         description="The project it belongs to and counts against (storage_bytes); "
         "default the uploader's.",
     ),

@@ -35,6 +35,7 @@ from api.schemas.jobs import (
     StepPublic,
 )
 from api.schemas.service import ErrorPublic, Message
+from api.schemas.users import ACCOUNT_PATTERN
 from api.services import (
     NotOnServer,
     check_devices,
@@ -178,7 +179,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     state: JobState | None = None,
-    owner: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    owner: Annotated[str | None, Query(max_length=64, pattern=ACCOUNT_PATTERN)] = None,
 ) -> JobsPublic:
     """The jobs of the caller's projects (an admin's: all), newest first; ``owner``: only
     that user's. ``count`` is the number matching over all pages."""

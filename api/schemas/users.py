@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 ACCOUNT_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 AccountName = Annotated[
@@ -18,10 +18,16 @@ AccountName = Annotated[
     ),
 ]
 """A user's or a project's name."""
+STRICT = ConfigDict(strict=True)
+"""Request bodies take JSON's own types: ``false`` is no byte count, ``0`` no boolean."""
+ACTION_PATTERN = r"^[a-z]+(\.[a-z]+)?$"
+"""An audit action's shape: ``job.delete``, ``device.fail``."""
 
 
 class ProjectQuotas(BaseModel):
     """A project's limits; a missing or null limit: none."""
+
+    model_config = STRICT
 
     weight: float = Field(
         default=1.0,
@@ -55,6 +61,8 @@ class ProjectCreate(ProjectQuotas):
 class ProjectUpdate(BaseModel):
     """Only the quotas given change; ``null`` lifts a limit."""
 
+    model_config = STRICT
+
     weight: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
     max_devices: int | None = Field(default=None, ge=1, le=100_000)
     max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
@@ -73,6 +81,7 @@ class ProjectsPublic(BaseModel):
 
 
 class UserCreate(BaseModel):
+    model_config = STRICT
     name: AccountName
     projects: list[AccountName] = Field(
         default_factory=list,
