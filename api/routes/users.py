@@ -57,7 +57,7 @@ def _project_public(project: ProjectRecord) -> ProjectPublic:
     return ProjectPublic.model_validate(project, from_attributes=True)
 
 
-def _conflict(exc: AccountConflict) -> HTTPException:
+def _conflict(exc: AccountConflict | AccountError) -> HTTPException:
     return HTTPException(status.HTTP_409_CONFLICT, str(exc))
 
 
@@ -90,7 +90,7 @@ def add_user(spec: UserCreate, state: StateDep, principal: AdminDep) -> UserCrea
         )
     try:
         user, token = accounts.add_user(spec.name, projects=spec.projects, is_admin=spec.is_admin)
-    except AccountConflict as exc:
+    except (AccountConflict, AccountError) as exc:  # a missing project is server state: 409
         raise _conflict(exc) from exc
     accounts.audit(
         principal,

@@ -50,7 +50,7 @@ class ProjectQuotas(BaseModel):
         description="Highest priority its jobs may ask for.",
     )
     storage_bytes: int | None = Field(
-        default=None, ge=0, le=2**62, description="Most bytes of datasets it may upload."
+        default=None, ge=0, le=10**15, description="Most bytes of datasets it may upload."
     )
 
 
@@ -67,7 +67,7 @@ class ProjectUpdate(BaseModel):
     max_devices: int | None = Field(default=None, ge=1, le=100_000)
     max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
     max_priority: float | None = Field(default=None, gt=0, le=1000, allow_inf_nan=False)
-    storage_bytes: int | None = Field(default=None, ge=0, le=2**62)
+    storage_bytes: int | None = Field(default=None, ge=0, le=10**15)
 
 
 class ProjectPublic(ProjectQuotas):
