@@ -150,8 +150,6 @@ def update_project(
     """Change the quotas given (``null`` lifts one); the next scheduling round applies them."""
     accounts = state.store.accounts
     changes = spec.model_dump(exclude_unset=True)
-    if changes.get("weight", 1.0) is None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "weight: must be a number > 0")
     try:
         record = accounts.set_quotas(name, **changes)
     except AccountError as exc:

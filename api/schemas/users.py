@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
 ACCOUNT_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 AccountName = Annotated[
@@ -18,8 +18,16 @@ AccountName = Annotated[
     ),
 ]
 """A user's or a project's name."""
-STRICT = ConfigDict(strict=True)
-"""Request bodies take JSON's own types: ``false`` is no byte count, ``0`` no boolean."""
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+Number = BeforeValidator(_no_bool)
+"""``false`` is no byte count (pydantic would read it as 0); ``5.0`` still is one."""
 ACTION_PATTERN = r"^[a-z]+(\.[a-z]+)?$"
 """An audit action's shape: ``job.delete``, ``device.fail``."""
 
@@ -27,29 +35,27 @@ ACTION_PATTERN = r"^[a-z]+(\.[a-z]+)?$"
 class ProjectQuotas(BaseModel):
     """A project's limits; a missing or null limit: none."""
 
-    model_config = STRICT
-
-    weight: float = Field(
+    weight: Annotated[float, Number] = Field(
         default=1.0,
         gt=0,
         le=1e6,
         allow_inf_nan=False,
         description="Share of the cluster against other projects (fair and goodput policies).",
     )
-    max_devices: int | None = Field(
+    max_devices: Annotated[int | None, Number] = Field(
         default=None, ge=1, le=100_000, description="Most devices its jobs hold at once."
     )
-    max_queued: int | None = Field(
+    max_queued: Annotated[int | None, Number] = Field(
         default=None, ge=0, le=1_000_000, description="Most of its jobs waiting at once."
     )
-    max_priority: float | None = Field(
+    max_priority: Annotated[float | None, Number] = Field(
         default=None,
         gt=0,
         le=1000,
         allow_inf_nan=False,
         description="Highest priority its jobs may ask for.",
     )
-    storage_bytes: int | None = Field(
+    storage_bytes: Annotated[int | None, Number] = Field(
         default=None, ge=0, le=10**15, description="Most bytes of datasets it may upload."
     )
 
@@ -61,13 +67,13 @@ class ProjectCreate(ProjectQuotas):
 class ProjectUpdate(BaseModel):
     """Only the quotas given change; ``null`` lifts a limit."""
 
-    model_config = STRICT
-
-    weight: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
-    max_devices: int | None = Field(default=None, ge=1, le=100_000)
-    max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
-    max_priority: float | None = Field(default=None, gt=0, le=1000, allow_inf_nan=False)
-    storage_bytes: int | None = Field(default=None, ge=0, le=10**15)
+    weight: Annotated[float, Number] = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)
+    max_devices: Annotated[int | None, Number] = Field(default=None, ge=1, le=100_000)
+    max_queued: Annotated[int | None, Number] = Field(default=None, ge=0, le=1_000_000)
+    max_priority: Annotated[float | None, Number] = Field(
+        default=None, gt=0, le=1000, allow_inf_nan=False
+    )
+    storage_bytes: Annotated[int | None, Number] = Field(default=None, ge=0, le=10**15)
 
 
 class ProjectPublic(ProjectQuotas):
@@ -81,14 +87,13 @@ class ProjectsPublic(BaseModel):
 
 
 class UserCreate(BaseModel):
-    model_config = STRICT
     name: AccountName
     projects: list[AccountName] = Field(
         default_factory=list,
         max_length=100,
         description="Projects the user belongs to (each must exist).",
     )
-    is_admin: bool = False
+    is_admin: StrictBool = False
 
 
 class UserPublic(BaseModel):
