@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from api.core.db import DEFAULT_PROJECT, DEFAULT_USER
+
 
 class DatasetPublic(BaseModel):
     name: str
@@ -18,6 +20,13 @@ class DatasetPublic(BaseModel):
     """Why a listed file cannot train (a ``.bin`` without its sidecar, say)."""
 
 
+class DatasetListed(DatasetPublic):
+    owner: str = DEFAULT_USER
+    """Who uploaded it (files placed by hand: the admin)."""
+    project: str = DEFAULT_PROJECT
+    """Whose members may train on it and delete it."""
+
+
 class DatasetsPublic(BaseModel):
-    data: list[DatasetPublic]
+    data: list[DatasetListed]
     count: int
