@@ -111,6 +111,16 @@ class UserRecord:
         return Principal(name=self.name, is_admin=self.is_admin, projects=self.projects)
 
 
+def refusal(user: UserRecord | None, *, where: str) -> str | None:
+    """Why the user a request names (by its token, or the proxy's header: ``where``) may
+    not act: unknown, or revoked; None when it may."""
+    if user is None:
+        return f"authorization: wrong {where}"
+    if user.revoked_at is not None:
+        return f"authorization: the token of {user.name!r} was revoked"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProjectRecord:
     """A project and its quotas (None: no limit)."""

@@ -20,7 +20,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.accounts import SINGLE_USER, Principal, UserRecord, may
+from api.accounts import SINGLE_USER, Principal, UserRecord, may, refusal
 from api.core.settings import Settings
 from api.execution.executor import Executor
 from api.schemas.service import ErrorPublic
@@ -66,10 +66,10 @@ def _unauthorized(detail: str) -> HTTPException:
 
 
 def _user_principal(user: UserRecord | None, *, where: str) -> Principal:
-    if user is None:
-        raise _unauthorized(f"authorization: wrong {where}")
-    if user.revoked_at is not None:
-        raise _unauthorized(f"authorization: the token of {user.name!r} was revoked")
+    refused = refusal(user, where=where)
+    if refused is not None:
+        raise _unauthorized(refused)
+    assert user is not None
     return user.principal
 
 
