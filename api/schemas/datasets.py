@@ -6,8 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from api.core.db import DEFAULT_PROJECT, DEFAULT_USER
-
 
 class DatasetPublic(BaseModel):
     name: str
@@ -21,9 +19,9 @@ class DatasetPublic(BaseModel):
 
 
 class DatasetListed(DatasetPublic):
-    owner: str = DEFAULT_USER
+    owner: str
     """Who uploaded it (files placed by hand: the admin)."""
-    project: str = DEFAULT_PROJECT
+    project: str
     """Whose members may train on it and delete it."""
 
 
