@@ -4,7 +4,8 @@ The lifespan builds everything stateful (database engine, job store, Ray
 connection, executor) and puts it on ``app.state``; nothing is built at
 import, so tests make one app per temporary database. Error handlers turn
 every user error into one line, ``{"detail": "<field>: <what is allowed>"}``:
-422 for invalid input, 409 for plans that cannot fit, never a traceback.
+422 for invalid input, 409 for valid input this server cannot serve now (a plan that
+cannot fit, a precision its devices lack), never a traceback.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from api.services import (
 from api.store import JobStore, StoreUnavailable
 from api.views import JobPages
 from scheduler.errors import HetschedError, PlanError
+from scheduler.hardware.precision import PrecisionError
 
 log = logging.getLogger("hetsched.api")
 
@@ -115,7 +117,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _hetsched(_request: Request, exc: HetschedError) -> JSONResponse:
         code = (
             status.HTTP_409_CONFLICT
-            if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer)
+            if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer | PrecisionError)
             else status.HTTP_503_SERVICE_UNAVAILABLE
             if isinstance(exc, StoreUnavailable)
             else (status.HTTP_422_UNPROCESSABLE_CONTENT)

@@ -69,9 +69,9 @@ ERRORS = {
         **UNAUTHORIZED,
         409: {
             "model": ErrorPublic,
-            "description": "The model fits no device; a device id, dataset, init_from job or "
-            "project the server lacks (or the caller may not use); the project's max_queued; "
-            "or a known submission_id with another spec",
+            "description": "The model fits no device, or a device lacks its precision; a "
+            "device id, dataset, init_from job or project the server lacks (or the caller may "
+            "not use); the project's max_queued; or a known submission_id with another spec",
         },
     },
 )
@@ -100,7 +100,7 @@ def submit_job(
     device_ids = check_devices(state.handle, spec.devices)
     cluster = state.handle.cluster
     check_device_counts(spec, len(cluster.ids) if cluster is not None else 0)
-    if cluster is not None:  # a device that cannot run the precision: a one-line 422
+    if cluster is not None:  # a device that cannot run the precision: a one-line 409
         device_precisions((cluster.device(i) for i in device_ids), spec.precision)
     resolve_dataset(
         state.settings.data_dir,
