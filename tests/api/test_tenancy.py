@@ -1,13 +1,14 @@
 """A cluster shared by two projects: who sees and acts on what, quotas, the audit log.
 
 One service for the module (uvicorn in a thread, the executor on the module's local
-Ray, ``fifo``), set up as an admin does it with ``hetsched projects add`` and
-``hetsched users add``: project ``vision`` (alice and carol; at most 1 device, priority
+Ray, ``fifo``), set up as an admin does it with ``hetsched projects create`` and
+``hetsched users create``: project ``vision`` (alice and carol; at most 1 device, priority
 5, 300 bytes of uploads) and project ``nlp`` (bob).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from api.cli import main
 from api.core.db import now
 from api.core.migrate import upgrade
 from api.execution.scheduling import apply_quotas
+from hetsched import AsyncClient, Client, Forbidden, NotFound
 from scheduler.policy.decide import decide
 from scheduler.policy.types import JobDemand
 from tests.api.conftest import make_settings
@@ -60,17 +62,17 @@ def service(
 
 @pytest.fixture(scope="module")
 def team(service: tuple[str, Path]) -> dict[str, httpx.Client]:
-    """A client per user, each with the token ``hetsched users add`` printed for them."""
+    """A client per user, each with the token ``hetsched users create`` printed for them."""
     url, _ = service
     for argv in (
-        ("projects", "add", "vision", "--max-devices", "1", "--max-priority", "5"),
+        ("projects", "create", "vision", "--max-devices", "1", "--max-priority", "5"),
         ("projects", "set", "vision", "--storage-bytes", "300"),
-        ("projects", "add", "nlp", "--weight", "2"),
+        ("projects", "add", "nlp", "--weight", "2"),  # `add`: the same as `create`
     ):
         assert cli(url, ADMIN, *argv)[0] == 0
     clients = {"admin": httpx.Client(base_url=url, headers=bearer(ADMIN), timeout=60)}
     for name, project in (("alice", "vision"), ("carol", "vision"), ("bob", "nlp")):
-        code, out = cli(url, ADMIN, "users", "add", name, "--project", project)
+        code, out = cli(url, ADMIN, "users", "create", name, "--project", project)
         assert code == 0 and f"user {name} in {project}" in out
         token = out.strip().splitlines()[-1]
         clients[name] = httpx.Client(base_url=url, headers=bearer(token), timeout=60)
@@ -109,7 +111,7 @@ def test_tokens_are_shown_once_and_reads_need_one(
     url, _ = service
     code, out = cli(url, ADMIN, "users", "list")
     assert code == 0 and "alice" in out and "vision" in out and "active" in out
-    assert "hs_" not in out  # the tokens were shown once, at `users add`
+    assert "hs_" not in out  # the tokens were shown once, at `users create`
     me = team["alice"].get("/api/v1/users/me").json()
     assert me == {"name": "alice", "is_admin": False, "projects": ["vision"], "single_user": False}
     nobody = team["nobody"]
@@ -166,6 +168,35 @@ def test_another_projects_job_is_a_404_everywhere(
     assert download.status_code == 200 and download.content[:2] == b"\x1f\x8b"
     assert team["admin"].get(f"{JOBS}/{job_id}/metrics").json()["count"] == 3
     assert [j["id"] for j in carol.get(JOBS, params={"owner": "alice"}).json()["data"]] == [job_id]
+
+
+def test_the_python_client_acts_as_a_user_and_sees_only_its_projects_jobs(
+    service: tuple[str, Path], team: dict[str, httpx.Client], finished: dict[str, Any]
+) -> None:
+    url, _ = service
+    with Client(url, token=ADMIN) as admin:
+        made = admin.create_user("erin", projects=["nlp"])
+        assert made.token.startswith("hs_") and made.projects == ["nlp"]
+        assert "erin" in [u.name for u in admin.users()]
+        assert {p.name for p in admin.projects()} >= {"vision", "nlp"}
+    job_id = finished["id"]
+    with Client(url, token=made.token) as erin:
+        assert erin.me().name == "erin"
+        assert [p.name for p in erin.projects()] == ["nlp"]
+        assert job_id not in [j.id for j in erin.list().data]
+        with pytest.raises(NotFound, match=f"job: no job with id '{job_id}'"):
+            erin.get(job_id)
+        with pytest.raises(Forbidden, match="authorization: admins only"):
+            erin.users()
+    with Client(url, token=team["alice"].headers["Authorization"][7:]) as alice:
+        assert job_id in [j.id for j in alice.list().data]
+
+    async def audited() -> set[tuple[str, str]]:
+        async with AsyncClient(url, token=ADMIN) as admin:
+            page = await admin.audit(action="user.add")
+        return {(e.actor, e.target) for e in page.data}
+
+    assert ("admin", "erin") in asyncio.run(audited())
 
 
 def test_a_quota_holds_a_job_back_with_its_reason(
@@ -294,6 +325,9 @@ def test_single_user_mode_stays_and_a_proxys_header_is_trusted_only_when_set(
         stranger = c.get(JOBS, headers={"X-Forwarded-User": "mallory"})
         assert stranger.status_code == 401
         assert detail(stranger) == "authorization: wrong user 'mallory' in X-Forwarded-User"
+        # the header passes the check before the body too; the route then names the user
+        posted = c.post(JOBS, json=TINY, headers={"X-Forwarded-User": "mallory"})
+        assert detail(posted) == detail(stranger)
 
 
 def test_jobs_from_before_users_belong_to_the_admin_in_the_default_project(
