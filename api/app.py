@@ -4,7 +4,8 @@ The lifespan builds everything stateful (database engine, job store, Ray
 connection, executor) and puts it on ``app.state``; nothing is built at
 import, so tests make one app per temporary database. Error handlers turn
 every user error into one line, ``{"detail": "<field>: <what is allowed>"}``:
-422 for invalid input, 409 for plans that cannot fit, never a traceback.
+422 for invalid input, 409 for valid input this server cannot serve now (a plan that
+cannot fit, a precision its devices lack), never a traceback.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from api.accounts import AccountStore, refusal
 from api.contract import AllowHeader, install_openapi
 from api.core.db import make_engine
-from api.core.guards import GuardConfig, HostPolicy, RequestGuard
+from api.core.guards import GuardConfig, HostPolicy, RequestGuard, UserTokens
 from api.core.settings import API_PREFIX, Settings
 from api.core.telemetry import HttpMetrics, Telemetry
 from api.deps import AppState
@@ -39,6 +42,7 @@ from api.services import (
 from api.store import JobStore, StoreUnavailable
 from api.views import JobPages
 from scheduler.errors import HetschedError, PlanError
+from scheduler.hardware.precision import PrecisionError
 
 log = logging.getLogger("hetsched.api")
 
@@ -113,7 +117,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _hetsched(_request: Request, exc: HetschedError) -> JSONResponse:
         code = (
             status.HTTP_409_CONFLICT
-            if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer)
+            if isinstance(exc, PlanError | ClusterUnavailable | NotOnServer | PrecisionError)
             else status.HTTP_503_SERVICE_UNAVAILABLE
             if isinstance(exc, StoreUnavailable)
             else (status.HTTP_422_UNPROCESSABLE_CONTENT)
@@ -222,7 +226,7 @@ def create_app(
     )
     app.add_middleware(AllowHeader)
     # Added last, so it runs first: nothing is routed or read before the guard passed it.
-    app.add_middleware(RequestGuard, config=guard_config(settings))
+    app.add_middleware(RequestGuard, config=guard_config(settings, users=StoredTokens(app)))
     app.add_middleware(HttpMetrics, telemetry=telemetry)  # counts the guard's refusals too
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router)
@@ -232,11 +236,33 @@ def create_app(
     return app
 
 
-def guard_config(settings: Settings) -> GuardConfig:
+@dataclass(frozen=True, slots=True)
+class StoredTokens:
+    """The users' tokens in the app's store (:class:`~api.core.guards.UserTokens`), once
+    its lifespan has built the store; none before."""
+
+    app: FastAPI
+
+    def _accounts(self) -> AccountStore | None:
+        state: AppState | None = getattr(self.app.state, "hetsched", None)
+        return state.store.accounts if state is not None else None
+
+    def exist(self) -> bool:
+        accounts = self._accounts()
+        return accounts is not None and accounts.has_tokens()
+
+    def refusal(self, token: str) -> str | None:
+        accounts = self._accounts()
+        return refusal(accounts.by_token(token) if accounts else None, where="token")
+
+
+def guard_config(settings: Settings, *, users: UserTokens | None = None) -> GuardConfig:
     """What :class:`~api.core.guards.RequestGuard` checks, from the settings."""
     return GuardConfig(
         hosts=HostPolicy(bound=settings.host, extra=tuple(settings.allowed_hosts)),
         token=settings.token,
+        users=users,
+        identity_header=settings.identity_header,
         max_json_bytes=settings.max_json_bytes,
         streamed_paths=frozenset({f"{API_PREFIX}/datasets"}),
     )

@@ -11,6 +11,7 @@
     hetsched db upgrade|current|downgrade   the job store's schema (operators)
     hetsched submit|jobs|status|logs|wait|stop|delete   a running control plane's jobs
     hetsched cluster|schedule|datasets|upload           its devices, policy and datasets
+    hetsched users|projects|audit                       who shares it (admins)
 
 User errors, usage errors included, print one line, ``hetsched: error: ...``, and exit
 with code 2; output piped into ``head`` ends quietly.
@@ -49,6 +50,9 @@ COMMANDS = {
     "schedule": "remote",
     "datasets": "remote",
     "upload": "remote",
+    "users": "users",
+    "projects": "users",
+    "audit": "users",
 }
 
 

@@ -14,17 +14,29 @@ import logging
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.core.db import CheckpointRow, EventRow, JobRow, LogRow, ProfileRow, StepRow
+from api.accounts import AccountStore
+from api.core.db import (
+    DEFAULT_PROJECT,
+    DEFAULT_USER,
+    CheckpointRow,
+    EventRow,
+    JobRow,
+    LogRow,
+    ProfileRow,
+    StepRow,
+    now,
+    utc,
+)
 from api.schemas.jobs import JobCreate
 from api.states import TERMINAL_STATES, JobState
 from scheduler.errors import HetschedError
@@ -117,17 +129,6 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; they were written in UTC."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobRecord:
     id: str
@@ -148,6 +149,10 @@ class JobRecord:
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    owner: str = DEFAULT_USER
+    """Who submitted it."""
+    project: str = DEFAULT_PROJECT
+    """Whose members see it, and whose quotas hold it."""
 
     @property
     def terminal(self) -> bool:
@@ -214,7 +219,7 @@ def _from_row(record_type: type[R], row: object, **stored_otherwise: Any) -> R:
     }
     for name, value in values.items():
         if isinstance(value, datetime):
-            values[name] = _utc(value)
+            values[name] = utc(value)
     return record_type(**values, **stored_otherwise)
 
 
@@ -242,6 +247,8 @@ class JobStore:
         self.retry_s = retry_s
         """Writes are retried this long while the database is locked or unreachable."""
         self._session = sessionmaker(engine, expire_on_commit=False)
+        self.accounts = AccountStore(engine)
+        """Users, projects, dataset owners and the audit log, on the same database."""
 
     def _tx(self) -> AbstractContextManager[Session]:
         return self._session.begin()
@@ -256,6 +263,8 @@ class JobStore:
         model_name: str,
         spec: JobCreate,
         submission_id: str | None,
+        owner: str = DEFAULT_USER,
+        project: str = DEFAULT_PROJECT,
     ) -> tuple[JobRecord, bool]:
         """Store a PENDING job at the end of the queue; with a known ``submission_id``
         return that job instead. Returns ``(job, created)``.
@@ -281,6 +290,8 @@ class JobStore:
                 steps_done=0,
                 stop_requested=False,
                 created_at=now(),
+                owner=owner,
+                project=project,
             )
             row.seq = select(func.coalesce(func.max(JobRow.seq), 0) + 1).scalar_subquery()  # type: ignore[assignment]
             try:
@@ -304,15 +315,27 @@ class JobStore:
             return _job(row) if row is not None else None
 
     def list_jobs(
-        self, *, state: JobState | None = None, limit: int = 100, offset: int = 0
+        self,
+        *,
+        state: JobState | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        projects: Collection[str] | None = None,
+        owner: str | None = None,
     ) -> tuple[list[JobRecord], int]:
-        """Newest first; ``count`` is over all pages."""
+        """Newest first; ``count`` is over all pages. ``projects``: only theirs (None: all)."""
         with self._tx() as session:
             query = select(JobRow)
             counter = select(func.count()).select_from(JobRow)
+            conditions = []
             if state is not None:
-                query = query.where(JobRow.state == state)
-                counter = counter.where(JobRow.state == state)
+                conditions.append(JobRow.state == state)
+            if projects is not None:
+                conditions.append(JobRow.project.in_(list(projects)))
+            if owner is not None:
+                conditions.append(JobRow.owner == owner)
+            if conditions:
+                query, counter = query.where(*conditions), counter.where(*conditions)
             rows = session.scalars(query.order_by(JobRow.seq.desc()).limit(limit).offset(offset))
             return [_job(r) for r in rows], int(session.scalar(counter) or 0)
 
@@ -321,6 +344,25 @@ class JobStore:
         with self._tx() as session:
             rows = session.scalars(
                 select(JobRow).where(JobRow.state == PENDING).order_by(JobRow.seq)
+            )
+            return [_job(r) for r in rows]
+
+    def queued_by_project(self) -> dict[str, int]:
+        """Project -> its PENDING jobs."""
+        with self._tx() as session:
+            rows = session.execute(
+                select(JobRow.project, func.count())
+                .where(JobRow.state == PENDING)
+                .group_by(JobRow.project)
+            )
+            return {project: int(n) for project, n in rows}
+
+    def unfinished(self) -> list[JobRecord]:
+        """PENDING and RUNNING jobs, oldest first: those that may still read a dataset or
+        another job's checkpoint."""
+        with self._tx() as session:
+            rows = session.scalars(
+                select(JobRow).where(JobRow.state.in_([PENDING, RUNNING])).order_by(JobRow.seq)
             )
             return [_job(r) for r in rows]
 

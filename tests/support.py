@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 import pytest
+import uvicorn
 
 from scheduler.cost.profile import DeviceProfile
 from scheduler.errors import SpecError
@@ -270,3 +272,24 @@ def serving(data_dir: Path, *args: str, env: Mapping[str, str] | None = None) ->
         yield service
     finally:
         service.stop()
+
+
+@contextmanager
+def uvicorn_thread(app: Any, *, start_s: float = SERVE_START_S) -> Iterator[str]:
+    """``app`` served by uvicorn on a free port of 127.0.0.1 in a thread of this process,
+    its lifespan run (so it shares this process's Ray); yields its URL. For tests of
+    commands that reach a service over HTTP."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(SERVE_EXIT_S)

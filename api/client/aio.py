@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,8 +27,9 @@ from api.schemas.datasets import DatasetPublic
 from api.schemas.jobs import CheckpointPublic, JobCreate, JobPublic, JobsPublic, LogLine
 from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.schedule import SchedulePublic
+from api.schemas.users import AuditPublic, Me, ProjectPublic, UserCreated, UserPublic
 from api.states import JobState
-from hetsched import calls
+from hetsched import accounts, calls
 from hetsched.calls import Call, Event, Metrics, Retry, Tail
 from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
 from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
@@ -190,3 +191,31 @@ class AsyncClient:
         path = Path(path)
         content = await asyncio.to_thread(read_upload, path)
         return await self._run(calls.upload(name or path.name, content))
+
+    async def me(self) -> Me:
+        return await self._run(accounts.me())
+
+    async def users(self) -> builtins.list[UserPublic]:
+        return await self._run(accounts.users())
+
+    async def create_user(
+        self, name: str, *, projects: Sequence[str] = (), is_admin: bool = False
+    ) -> UserCreated:
+        return await self._run(accounts.create_user(name, projects, is_admin))
+
+    async def revoke_user(self, name: str) -> UserPublic:
+        return await self._run(accounts.revoke_user(name))
+
+    async def projects(self) -> builtins.list[ProjectPublic]:
+        return await self._run(accounts.projects())
+
+    async def create_project(self, name: str, **quotas: float | int | None) -> ProjectPublic:
+        return await self._run(accounts.create_project(name, quotas))
+
+    async def update_project(self, name: str, **quotas: float | int | None) -> ProjectPublic:
+        return await self._run(accounts.update_project(name, quotas))
+
+    async def audit(
+        self, *, action: str | None = None, limit: int = 100, offset: int = 0
+    ) -> AuditPublic:
+        return await self._run(accounts.audit(action, limit, offset))

@@ -166,7 +166,7 @@ class Metrics(list[StepPublic]):
         return pandas.DataFrame(rows, columns=columns).set_index("step")
 
 
-def _model(kind: type[Model]) -> Callable[[httpx.Response], Model]:
+def read_model(kind: type[Model]) -> Callable[[httpx.Response], Model]:
     return lambda response: kind.model_validate_json(response.content)
 
 
@@ -194,31 +194,31 @@ def submit(
     doc.setdefault("submission_id", None)
     if doc["submission_id"] is None:
         doc["submission_id"] = f"client-{uuid.uuid4().hex}"  # a retried submit is one job
-    return Call(method="POST", path="/jobs", body=doc, read=_model(JobPublic))
+    return Call(method="POST", path="/jobs", body=doc, read=read_model(JobPublic))
 
 
 def get(job_id: str) -> Call[JobPublic]:
-    return Call(method="GET", path=_job_path(job_id), read=_model(JobPublic))
+    return Call(method="GET", path=_job_path(job_id), read=read_model(JobPublic))
 
 
 def list_jobs(state: JobState | str | None, limit: int, offset: int) -> Call[JobsPublic]:
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     if state is not None:
         params["state"] = str(state)
-    return Call(method="GET", path="/jobs", params=params, read=_model(JobsPublic))
+    return Call(method="GET", path="/jobs", params=params, read=read_model(JobsPublic))
 
 
 def stop(job_id: str) -> Call[JobPublic]:
-    return Call(method="POST", path=_job_path(job_id, "stop"), read=_model(JobPublic))
+    return Call(method="POST", path=_job_path(job_id, "stop"), read=read_model(JobPublic))
 
 
 def delete(job_id: str) -> Call[str]:
-    read = _model(Message)
+    read = read_model(Message)
     return Call(method="DELETE", path=_job_path(job_id), read=lambda r: read(r).message)
 
 
 def logs(job_id: str, since: int) -> Call[list[LogLine]]:
-    read = _model(JobLogsPublic)
+    read = read_model(JobLogsPublic)
     return Call(
         method="GET",
         path=_job_path(job_id, "logs"),
@@ -228,7 +228,7 @@ def logs(job_id: str, since: int) -> Call[list[LogLine]]:
 
 
 def metrics(job_id: str, since: int) -> Call[Metrics]:
-    read = _model(JobMetricsPublic)
+    read = read_model(JobMetricsPublic)
     return Call(
         method="GET",
         path=_job_path(job_id, "metrics"),
@@ -238,7 +238,7 @@ def metrics(job_id: str, since: int) -> Call[Metrics]:
 
 
 def checkpoints(job_id: str) -> Call[list[CheckpointPublic]]:
-    read = _model(CheckpointsPublic)
+    read = read_model(CheckpointsPublic)
     return Call(method="GET", path=_job_path(job_id, "checkpoints"), read=lambda r: read(r).data)
 
 
@@ -255,19 +255,21 @@ def download(job_id: str, step: int, dest: str | Path) -> tuple[Path, Call[httpx
 def plan(
     spec: PlanCreate | Mapping[str, Any] | None, fields: Mapping[str, Any]
 ) -> Call[PlanPreview]:
-    return Call(method="POST", path="/plans", body=_fields(spec, fields), read=_model(PlanPreview))
+    return Call(
+        method="POST", path="/plans", body=_fields(spec, fields), read=read_model(PlanPreview)
+    )
 
 
 def cluster() -> Call[ClusterPublic]:
-    return Call(method="GET", path="/cluster", read=_model(ClusterPublic))
+    return Call(method="GET", path="/cluster", read=read_model(ClusterPublic))
 
 
 def schedule() -> Call[SchedulePublic]:
-    return Call(method="GET", path="/schedule", read=_model(SchedulePublic))
+    return Call(method="GET", path="/schedule", read=read_model(SchedulePublic))
 
 
 def datasets() -> Call[list[DatasetPublic]]:
-    read = _model(DatasetsPublic)
+    read = read_model(DatasetsPublic)
     return Call(method="GET", path="/datasets", read=lambda r: read(r).data)
 
 
@@ -278,7 +280,7 @@ def upload(name: str, content: bytes) -> Call[DatasetPublic]:
         params={"name": name},
         content=content,
         idempotent=False,  # a lost answer may mean it was stored: a second try says 409
-        read=_model(DatasetPublic),
+        read=read_model(DatasetPublic),
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,8 +28,9 @@ from api.schemas.datasets import DatasetPublic
 from api.schemas.jobs import CheckpointPublic, JobCreate, JobPublic, JobsPublic, LogLine
 from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.schedule import SchedulePublic
+from api.schemas.users import AuditPublic, Me, ProjectPublic, UserCreated, UserPublic
 from api.states import JobState
-from hetsched import calls
+from hetsched import accounts, calls
 from hetsched.calls import Call, Event, Metrics, Retry, Tail
 from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
 from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
@@ -209,3 +210,37 @@ class Client:
         the service's data directory under ``name`` (default its file name)."""
         path = Path(path)
         return self._run(calls.upload(name or path.name, read_upload(path)))
+
+    def me(self) -> Me:
+        """Who this client's token says it is."""
+        return self._run(accounts.me())
+
+    def users(self) -> builtins.list[UserPublic]:
+        """Every user (admins)."""
+        return self._run(accounts.users())
+
+    def create_user(
+        self, name: str, *, projects: Sequence[str] = (), is_admin: bool = False
+    ) -> UserCreated:
+        """A user in ``projects`` (each must exist), with the token shown this once (admins)."""
+        return self._run(accounts.create_user(name, projects, is_admin))
+
+    def revoke_user(self, name: str) -> UserPublic:
+        """The user's token stops working at once (admins)."""
+        return self._run(accounts.revoke_user(name))
+
+    def projects(self) -> builtins.list[ProjectPublic]:
+        """Every project for an admin, the caller's own otherwise."""
+        return self._run(accounts.projects())
+
+    def create_project(self, name: str, **quotas: float | int | None) -> ProjectPublic:
+        """A project with its quotas (``max_devices=``, ``weight=``, ...; admins)."""
+        return self._run(accounts.create_project(name, quotas))
+
+    def update_project(self, name: str, **quotas: float | int | None) -> ProjectPublic:
+        """Change the quotas given; ``None`` lifts one (admins)."""
+        return self._run(accounts.update_project(name, quotas))
+
+    def audit(self, *, action: str | None = None, limit: int = 100, offset: int = 0) -> AuditPublic:
+        """Who did what, newest first; ``action`` (``job.delete``, say): only those (admins)."""
+        return self._run(accounts.audit(action, limit, offset))

@@ -6,7 +6,7 @@ works unchanged: only portable column types, JSON documents stored as text.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     BigInteger,
@@ -24,6 +24,24 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from api.core.migrate import upgrade
+
+DEFAULT_USER = "admin"
+"""Owner of what was made before users existed, and who single-user mode and
+``HETSCHED_API_TOKEN`` act as."""
+DEFAULT_PROJECT = "default"
+"""Project of what was made before projects existed, and the admin's own."""
+
+
+def now() -> datetime:
+    """What every row's time is written as."""
+    return datetime.now(UTC)
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; they were written in UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
 
 
 class Base(DeclarativeBase):
@@ -65,6 +83,10 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    owner: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_USER)
+    """The user who submitted it (api/accounts.py)."""
+    project: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_PROJECT, index=True)
+    """The project it counts against: who may see it, and whose quotas hold it."""
 
 
 class StepRow(Base):
@@ -128,6 +150,71 @@ class CheckpointRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     """When retention removed it (its download then answers 410); NULL while kept."""
+
+
+class UserRow(Base):
+    """Someone with an API token; the token itself is never stored, only its SHA-256."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_sha256: Mapped[str | None] = mapped_column(String(64), unique=True, nullable=True)
+    """Hex digest of the token; NULL for the built-in admin (HETSCHED_API_TOKEN)."""
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ProjectRow(Base):
+    """A group of users sharing jobs, datasets and quotas; NULL quota: no limit."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    """Its share of the cluster against other projects under ``fair`` and ``goodput``."""
+    max_devices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_priority: Mapped[float | None] = mapped_column(Float, nullable=True)
+    storage_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class MembershipRow(Base):
+    __tablename__ = "memberships"
+
+    user_name: Mapped[str] = mapped_column(
+        String(64), ForeignKey("users.name", ondelete="CASCADE"), primary_key=True
+    )
+    project: Mapped[str] = mapped_column(
+        String(64), ForeignKey("projects.name", ondelete="CASCADE"), primary_key=True
+    )
+
+
+class DatasetRow(Base):
+    """Who uploaded a dataset file; files without a row belong to the default project."""
+
+    __tablename__ = "datasets"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class AuditRow(Base):
+    """Who did what: submissions, stops, deletions, faults, users and projects."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    actor: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32), index=True)
+    target: Mapped[str] = mapped_column(String(200))
+    project: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
 
 
 REQUEST_THREADS = 40

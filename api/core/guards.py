@@ -11,9 +11,11 @@ In order, each refusal one line ``{"detail": "<field>: <what is allowed>"}``:
    the "simple" ``text/plain`` ones that need no CORS preflight, so this is
    what stops a web page from stopping jobs; clients such as ``curl`` send no
    ``Origin`` and the dashboard sends its own.
-3. With a token configured, a mutating call's ``Authorization`` is checked
-   before one byte of its body is read (401): an anonymous 300 MB body costs
-   the service nothing.
+3. With a token configured (the admin's, or any user's), a mutating call's
+   ``Authorization`` is checked before one byte of its body is read (401): an
+   anonymous 300 MB body costs the service nothing. A user's token is looked up
+   in a worker thread (:class:`UserTokens`); a trusted proxy's identity header
+   stands in for a token, and the routes then check the user it names.
 4. A body where the API takes JSON must say ``application/json`` (415) and be
    at most ``HETSCHED_MAX_JSON_BYTES`` (413, refused before it is read when
    ``Content-Length`` says so, else as soon as the count passes the limit).
@@ -31,8 +33,10 @@ import json
 import secrets
 import socket
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -102,11 +106,27 @@ class HostPolicy:
         return False
 
 
+class UserTokens(Protocol):
+    """The users' tokens, as the guard asks about them (api/app.py answers from the store)."""
+
+    def exist(self) -> bool:
+        """Whether any user holds a live token (then mutating calls need one); cheap."""
+        ...
+
+    def refusal(self, token: str) -> str | None:
+        """None when ``token`` is a live user's; else the one-line 401. May block."""
+        ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GuardConfig:
     hosts: HostPolicy
     token: str | None
-    """Mutating calls need ``Authorization: Bearer <token>``; None: no check."""
+    """Mutating calls need ``Authorization: Bearer <token>`` (this, the admin's, or a
+    user's); None and no user tokens: no check."""
+    users: UserTokens | None = None
+    identity_header: str | None = None
+    """A trusted proxy's header naming the user (``HETSCHED_IDENTITY_HEADER``)."""
     max_json_bytes: int
     streamed_paths: frozenset[str]
     """Paths whose POST body is a raw file the route streams itself (dataset uploads)."""
@@ -116,14 +136,30 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def check_token(authorization: str | None, token: str) -> None:
-    """The bearer token, compared in constant time; a :class:`Refused` 401 otherwise."""
-    challenge = {"www-authenticate": "Bearer"}
+CHALLENGE = {"www-authenticate": "Bearer"}
+
+
+def bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer`` value; a :class:`Refused` 401 without one."""
     scheme, _, credentials = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not credentials.strip():
-        raise Refused(401, "authorization: send 'Authorization: Bearer <token>'", challenge)
-    if not secrets.compare_digest(credentials.strip().encode(), token.encode()):
-        raise Refused(401, "authorization: wrong token", challenge)
+        raise Refused(401, "authorization: send 'Authorization: Bearer <token>'", CHALLENGE)
+    return credentials.strip()
+
+
+async def check_any_token(headers: dict[str, str], config: GuardConfig) -> None:
+    """The admin's token, a live user's, or the trusted proxy's header; a 401 otherwise."""
+    header = (config.identity_header or "").lower()
+    if header and headers.get(header) and "authorization" not in headers:
+        return  # the routes check the user it names
+    given = bearer(headers.get("authorization"))
+    if config.token is not None and secrets.compare_digest(given.encode(), config.token.encode()):
+        return
+    refusal = "authorization: wrong token"
+    if config.users is not None:
+        refusal = await run_in_threadpool(config.users.refusal, given) or ""
+    if refusal:
+        raise Refused(401, refusal, CHALLENGE)
 
 
 def check_origin(origin: str | None, host: str) -> None:
@@ -205,8 +241,8 @@ class RequestGuard:
         if scope["method"] not in MUTATING:
             return receive
         check_origin(headers.get("origin"), host)
-        if config.token is not None:
-            check_token(headers.get("authorization"), config.token)
+        if config.token is not None or (config.users is not None and config.users.exist()):
+            await check_any_token(headers, config)
         if scope["path"] in config.streamed_paths:
             return receive
         if not check_body_headers(headers, config.max_json_bytes):

@@ -50,7 +50,15 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=1 << 30, ge=1)
     """Largest dataset file ``POST /api/v1/datasets`` accepts (default 1 GiB)."""
     api_token: SecretStr | None = None
-    """When set, mutating calls need ``Authorization: Bearer <token>``."""
+    """The admin's token. Once it or any user's token (``hetsched users add``) exists,
+    every call but the cluster's, the options' and the health check needs a token."""
+    open_reads: bool = False
+    """Let reads (jobs, specs, logs, metrics, checkpoints, the schedule) through without a
+    token although tokens are configured: for a demo, never for a shared cluster."""
+    identity_header: str | None = Field(default=None, min_length=1, max_length=64)
+    """Trust this request header (``X-Forwarded-User``, say) as the name of the user an
+    authenticating reverse proxy let in. Off by default; turn it on only behind a proxy
+    that sets it on every request and strips it from what clients send."""
     checkpoint_uri: str | None = None
     """Where jobs' checkpoints go: a directory, or an fsspec URI every Ray node can
     reach (shared storage on a multi-node cluster); default ``<data_dir>/checkpoints``."""

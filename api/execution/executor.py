@@ -23,7 +23,9 @@ from api.execution.scheduling import (
     Demands,
     Schedule,
     ScheduledJob,
+    apply_quotas,
     pinned_reason,
+    quota_reason,
     running_row,
 )
 from api.services import ClusterHandle, Profiler
@@ -101,7 +103,7 @@ class Executor:
             devices = job.devices or job.spec.devices or []
             if not devices and self.handle.cluster is not None:
                 devices = self.handle.cluster.ids
-            live = self.ledger.resume(job.id, devices, pinned=job.pinned)
+            live = self.ledger.resume(job.id, devices, pinned=job.pinned, project=job.project)
             live.steps_done = job.steps_done  # what it did before: a stop now says so
             self._thread_for(job, live, resume=True)
         self._thread = threading.Thread(target=self._loop, name="hetsched-dispatch", daemon=True)
@@ -199,9 +201,14 @@ class Executor:
         """A job alone on an idle cluster starts at once on every device it may use: no
         policy choice to make, and its own plan (from its profile, measured as it starts)
         keeps the devices that speed it up and hands back the others. False when it bounds
-        its device count below the cluster's, so the policy must choose which."""
+        its device count, or its project's quota does, below the cluster's, so the policy
+        must choose which."""
         spec = job.spec
         if spec.max_devices is not None and spec.max_devices < len(device_ids):
+            return False
+        quota = self.store.accounts.project(job.project)
+        cap = quota.max_devices if quota is not None else None
+        if cap is not None and cap < len(device_ids):
             return False
         if spec.min_devices > len(device_ids):
             return False
@@ -229,7 +236,7 @@ class Executor:
     ) -> None:
         """Let the policy share ``sub`` (of ``cluster``) among ``shared`` and ``waiting`` jobs."""
         records = {j.job_id: self.store.get(j.job_id) for j in shared}
-        demands = self._demands(sub, shared, records, waiting)
+        demands = self._quotas(self._demands(sub, shared, records, waiting), records, waiting, rows)
         self._measure(demands, waiting, idle=not live)
         allocation = decide(
             sub,
@@ -273,6 +280,27 @@ class Executor:
                 self._wait(job, f"waiting: {exc}")
         return demands
 
+    def _quotas(
+        self,
+        demands: list[JobDemand],
+        records: dict[str, JobRecord | None],
+        waiting: list[JobRecord],
+        rows: list[ScheduledJob],
+    ) -> list[JobDemand]:
+        """The demands within their projects' quotas, weighted by project; the jobs a quota
+        holds back wait, saying which."""
+        project_of = {j.id: j.project for j in waiting}
+        project_of |= {i: r.project for i, r in records.items() if r is not None}
+        projects = {p.name: p for p in self.store.accounts.projects()}
+        held = self.ledger.held_by_project()
+        kept, held_back = apply_quotas(demands, project_of=project_of, projects=projects, held=held)
+        for job in waiting:
+            why = held_back.get(job.id)
+            if why:
+                self._wait(job, f"waiting: {why}")
+                rows.append(ScheduledJob.of(job, "waiting", reason=why))
+        return kept
+
     def _lost(self) -> set[str]:
         return self.handle.pool.lost() if self.handle.pool is not None else set()
 
@@ -312,7 +340,13 @@ class Executor:
         taken = {d: held[d] for d in wanted if d in held}
         reserved = [d for d in wanted if d in blocked and d not in taken]
         ahead = [o for o in waiting if o.created_at < job.created_at]
-        if self.policy == "fifo" and ahead:
+        quota = self.store.accounts.project(job.project)
+        over = quota_reason(
+            quota, held=self.ledger.held_by_project().get(job.project, 0), need=len(wanted)
+        )
+        if over:
+            why = over
+        elif self.policy == "fifo" and ahead:
             why = f"waiting for job {ahead[0].id} (first in line)"
         elif taken:
             holders = ", ".join(sorted(set(taken.values())))
@@ -322,8 +356,9 @@ class Executor:
         else:
             why = ""
         if why:
-            blocked.update(wanted)  # reserved: the policy's jobs cannot take them from it
-            self._wait(job, why)
+            if not over:  # reserved: the policy's jobs cannot take them from it
+                blocked.update(wanted)
+            self._wait(job, f"waiting: {why}" if over else why)
             return ScheduledJob.of(job, "waiting", devices=tuple(wanted), reason=why)
         reason = pinned_reason(len(wanted))
         if not self._start(job, wanted, reason=reason):
@@ -392,7 +427,14 @@ class Executor:
 
     def _start(self, job: JobRecord, devices: list[str], *, reason: str, rate: float = 0.0) -> bool:
         """Start ``job`` on ``devices`` if none is held; False otherwise (or stopped)."""
-        live = self.ledger.admit(job.id, devices, pinned=job.pinned)
+        quota = self.store.accounts.project(job.project)
+        live = self.ledger.admit(
+            job.id,
+            devices,
+            pinned=job.pinned,
+            project=job.project,
+            max_devices=quota.max_devices if quota is not None else None,
+        )
         if live is None:
             return False
         if not self.store.start(job.id, list(devices)):

@@ -22,6 +22,8 @@ class LiveJob:
 
     job_id: str
     devices: list[str]
+    project: str = ""
+    """Whose ``max_devices`` quota its devices count against."""
     stop: threading.Event = field(default_factory=threading.Event)
     step_s: float | None = None
     samples_per_s: float | None = None
@@ -87,21 +89,50 @@ class DeviceLedger:
     def _holders(self) -> dict[str, str]:
         return {d: job.job_id for job in self._jobs.values() for d in job.devices}
 
-    def admit(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob | None:
-        """The job, now holding ``devices``; None when another job holds any of them."""
+    def held_by_project(self) -> dict[str, int]:
+        """Project -> devices its running jobs hold (what ``max_devices`` quotas count)."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for job in self._jobs.values():
+                counts[job.project] = counts.get(job.project, 0) + len(job.devices)
+            return counts
+
+    def admit(
+        self,
+        job_id: str,
+        devices: list[str],
+        *,
+        pinned: bool,
+        project: str = "",
+        max_devices: int | None = None,
+    ) -> LiveJob | None:
+        """The job, now holding ``devices``; None when another job holds any of them, or
+        when its project would then hold more than ``max_devices``."""
         with self._lock:
             held = self._holders()
             if any(d in held for d in devices):
                 return None
-            return self._add(job_id, devices, pinned=pinned)
+            if max_devices is not None:
+                mine = sum(len(j.devices) for j in self._jobs.values() if j.project == project)
+                if mine + len(devices) > max_devices:
+                    return None
+            return self._add(job_id, devices, pinned=pinned, project=project)
 
-    def resume(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob:
+    def resume(
+        self, job_id: str, devices: list[str], *, pinned: bool, project: str = ""
+    ) -> LiveJob:
         """A job the service ran before it restarted, on the devices it held then."""
         with self._lock:
-            return self._add(job_id, devices, pinned=pinned)
+            return self._add(job_id, devices, pinned=pinned, project=project)
 
-    def _add(self, job_id: str, devices: list[str], *, pinned: bool) -> LiveJob:
-        live = LiveJob(job_id=job_id, devices=list(devices), pinned=pinned, granted=list(devices))
+    def _add(self, job_id: str, devices: list[str], *, pinned: bool, project: str) -> LiveJob:
+        live = LiveJob(
+            job_id=job_id,
+            devices=list(devices),
+            project=project,
+            pinned=pinned,
+            granted=list(devices),
+        )
         self._jobs[job_id] = live
         return live
 

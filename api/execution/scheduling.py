@@ -8,13 +8,16 @@ store has profiles (:class:`Demands`); each round leaves a :class:`Schedule`, wh
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
+from api.accounts import ProjectRecord
 from api.execution.ledger import LiveJob
 from api.schemas.jobs import JobCreate
 from api.services import model_from_ref, model_key
@@ -56,6 +59,95 @@ def check_device_counts(spec: JobCreate, num_devices: int) -> None:
         )
 
 
+def quota_reason(project: ProjectRecord | None, *, held: int, need: int, promised: int = 0) -> str:
+    """Why ``project``'s ``max_devices`` holds back a job needing ``need`` more devices
+    while the project's jobs hold ``held`` and jobs ahead of it in the queue were let in
+    for ``promised`` more; empty when it does not."""
+    limit = project.max_devices if project is not None else None
+    if project is None or limit is None or held + promised + need <= limit:
+        return ""
+    ahead = f" and jobs ahead of it start on {promised} more" if promised else ""
+    return (
+        f"quota: project {project.name} holds {held}{ahead} of its {limit} device(s) "
+        f"(max_devices); this job needs {need}"
+    )
+
+
+def apply_quotas(
+    demands: Sequence[JobDemand],
+    *,
+    project_of: Mapping[str, str],
+    projects: Mapping[str, ProjectRecord],
+    held: Mapping[str, int],
+) -> tuple[list[JobDemand], dict[str, str]]:
+    """The demands the policy may place under each project's quotas, and why each job a
+    quota holds back waits.
+
+    ``max_devices``: the project's waiting jobs are let in, in queue order, while their
+    ``min_devices`` fit beside what its jobs ``held``; the devices left over become the
+    ceiling of each job's ``max_devices`` in turn (waiting jobs first), so whatever the
+    policy decides the project never holds more than its quota. ``weight``: with jobs of
+    more than one project, a job's priority becomes its project's weight times its share
+    of the project's priorities, so the policies' weighted shares split the cluster
+    between projects by weight, then between a project's jobs by priority.
+    """
+    left = {
+        name: p.max_devices - held.get(name, 0)
+        for name, p in projects.items()
+        if p.max_devices is not None
+    }
+    held_back: dict[str, str] = {}
+    for d in demands:
+        project = project_of.get(d.name, "")
+        if d.held or project not in left:
+            continue
+        if left[project] < d.min_devices:
+            quota, now_held = projects[project], held.get(project, 0)
+            promised = (quota.max_devices or 0) - now_held - left[project]
+            held_back[d.name] = quota_reason(
+                quota, held=now_held, need=d.min_devices, promised=promised
+            )
+            continue
+        left[project] -= d.min_devices
+    kept = [d for d in demands if d.name not in held_back]
+    capped = {
+        d.name: _capped(d, project_of.get(d.name, ""), left)
+        for d in sorted(kept, key=lambda d: bool(d.held))  # the spare goes to waiting jobs first
+    }
+    return _weighted([capped[d.name] for d in kept], project_of, projects), held_back
+
+
+def _capped(demand: JobDemand, project: str, left: dict[str, int]) -> JobDemand:
+    """``demand`` with at most the devices its project has left (taken from ``left``)."""
+    if project not in left:
+        return demand
+    base = len(demand.held) or demand.min_devices
+    spare = max(0, left[project])
+    ceiling = base + spare
+    wanted = demand.max_devices if demand.max_devices is not None else math.inf
+    new_max = max(demand.min_devices, int(min(wanted, ceiling)))
+    left[project] = spare - max(0, new_max - base)
+    return demand if new_max == demand.max_devices else replace(demand, max_devices=new_max)
+
+
+def _weighted(
+    demands: list[JobDemand], project_of: Mapping[str, str], projects: Mapping[str, ProjectRecord]
+) -> list[JobDemand]:
+    names = {project_of.get(d.name, "") for d in demands}
+    if len(names) < 2:
+        return demands  # one project: the policies see the priorities as they were
+    totals: dict[str, float] = {}
+    for d in demands:
+        key = project_of.get(d.name, "")
+        totals[key] = totals.get(key, 0.0) + d.priority
+    out = []
+    for d in demands:
+        key = project_of.get(d.name, "")
+        weight = projects[key].weight if key in projects else 1.0
+        out.append(replace(d, priority=weight * d.priority / totals[key]))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduledJob:
     """One job in a round: what it holds, what the policy gave it, and why."""
@@ -73,6 +165,8 @@ class ScheduledJob:
     priority: float
     waiting_s: float
     """Seconds since it was submitted, while it waits; 0 once it runs."""
+    owner: str = ""
+    project: str = ""
 
     @classmethod
     def of(
@@ -96,6 +190,8 @@ class ScheduledJob:
             reason=reason,
             priority=job.spec.priority,
             waiting_s=(datetime.now(UTC) - job.created_at).total_seconds() if waiting else 0.0,
+            owner=job.owner,
+            project=job.project,
         )
 
 

@@ -2,8 +2,10 @@
 
 from fastapi import APIRouter
 
-from api.routes import cluster, datasets, jobs, options, plans, profiles, schedule
+from api.routes import audit, cluster, datasets, jobs, options, plans, profiles, schedule, users
 
 api_router = APIRouter()
-for module in (cluster, profiles, plans, jobs, options, datasets, schedule):
+for module in (cluster, profiles, plans, jobs, options, datasets, schedule, audit):
     api_router.include_router(module.router)
+api_router.include_router(users.users)
+api_router.include_router(users.projects)

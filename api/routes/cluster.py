@@ -7,7 +7,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from api.deps import UNAUTHORIZED, Auth, StateDep
+from api.deps import ADMIN_ONLY, AdminAuth, AdminDep, StateDep
 from api.schemas.cluster import ClusterPublic, DeviceFailure, DeviceSlowdown
 from api.schemas.profiles import ProfileCreate, ProfilePublic
 from api.schemas.service import ErrorPublic, Message
@@ -27,14 +27,14 @@ def read_cluster(state: StateDep) -> ClusterPublic:
 @router.post(
     "/profile",
     response_model=ProfilePublic,
-    dependencies=[Auth],
+    dependencies=[AdminAuth],
     responses={
-        **UNAUTHORIZED,
+        **ADMIN_ONLY,
         409: {"model": ErrorPublic, "description": "Cluster unavailable or devices busy"},
     },
 )
-def profile_cluster(spec: ProfileCreate, state: StateDep) -> ProfilePublic:
-    """Measure the devices for a model (cached unless ``refresh``)."""
+def profile_cluster(spec: ProfileCreate, state: StateDep, principal: AdminDep) -> ProfilePublic:
+    """Measure the devices for a model (cached unless ``refresh``); admins only."""
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     device_ids = check_devices(state.handle, spec.devices)
     if not state.handle.available:
@@ -49,24 +49,29 @@ def profile_cluster(spec: ProfileCreate, state: StateDep) -> ProfilePublic:
             f"devices: {', '.join(taken)} busy with job {busy[taken[0]]}; profile them when idle",
         )
     _profile, record = state.profiler.measure_record(model, device_ids, refresh=spec.refresh)
+    target = ", ".join(device_ids)
+    state.store.accounts.audit(
+        principal, "cluster.profile", target, project=None, detail=model.name
+    )
     return profile_public(record)
 
 
 # --- fault injection on a simulated cluster ----------------------------------------
 
 FAULT_ERRORS: dict[int | str, dict[str, Any]] = {
-    **UNAUTHORIZED,
+    **ADMIN_ONLY,
     404: {"model": ErrorPublic, "description": "No such device"},
     409: {"model": ErrorPublic, "description": "Not a simulated cluster, or unavailable"},
 }
 
 
 def _fault_route(action: str) -> Callable[[Handler], Handler]:
-    """``POST /cluster/devices/{device_id}/<action>``: one fault on a simulated device."""
+    """``POST /cluster/devices/{device_id}/<action>``: one fault on a simulated device
+    (admins only)."""
     return router.post(
         f"/devices/{{device_id:path}}/{action}",
         response_model=Message,
-        dependencies=[Auth],
+        dependencies=[AdminAuth],
         responses=FAULT_ERRORS,
     )
 
@@ -93,9 +98,12 @@ SimulatedPool = Annotated[Any, Depends(simulated_pool)]
 
 
 @_fault_route("fail")
-def fail_device(device_id: str, fault: DeviceFailure, pool: SimulatedPool) -> Message:
+def fail_device(
+    device_id: str, fault: DeviceFailure, pool: SimulatedPool, state: StateDep, who: AdminDep
+) -> Message:
     """Crash the device's worker process (``crash``: it is restarted) or lose the device
     (``lost``: gone until restored). A job on it recovers from its last checkpoint."""
+    state.store.accounts.audit(who, "device.fail", device_id, project=None, detail=fault.kind)
     if fault.kind == "lost":
         pool.mark_lost([device_id])
         return Message(message=f"{device_id} lost until POST .../restore")
@@ -104,15 +112,20 @@ def fail_device(device_id: str, fault: DeviceFailure, pool: SimulatedPool) -> Me
 
 
 @_fault_route("slowdown")
-def slow_device(device_id: str, slowdown: DeviceSlowdown, pool: SimulatedPool) -> Message:
+def slow_device(
+    device_id: str, slowdown: DeviceSlowdown, pool: SimulatedPool, state: StateDep, who: AdminDep
+) -> Message:
     """Make a simulated device ``factor`` times slower; a job on it re-plans when it pays."""
+    detail = f"factor {slowdown.factor:g}"
+    state.store.accounts.audit(who, "device.slowdown", device_id, project=None, detail=detail)
     pool.set_slowdown(device_id, slowdown.factor)
     return Message(message=f"{device_id} now {slowdown.factor:g}× its own time")
 
 
 @_fault_route("restore")
-def restore_device(device_id: str, pool: SimulatedPool) -> Message:
+def restore_device(device_id: str, pool: SimulatedPool, state: StateDep, who: AdminDep) -> Message:
     """Bring a lost device back and end its slow-down."""
+    state.store.accounts.audit(who, "device.restore", device_id, project=None)
     pool.mark_lost([device_id], lost=False)
     pool.set_slowdown(device_id, 1.0)
     return Message(message=f"{device_id} restored")

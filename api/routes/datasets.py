@@ -20,9 +20,18 @@ from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 
-from api.deps import UNAUTHORIZED, Auth, StateDep
-from api.schemas.datasets import DatasetPublic, DatasetsPublic
-from api.schemas.service import ErrorPublic
+from api.accounts import (
+    LEGACY_DATASET,
+    DatasetOwner,
+    Principal,
+    may,
+    may_use_dataset,
+    visible_projects,
+)
+from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep, check_project
+from api.schemas.datasets import DatasetListed, DatasetPublic, DatasetsPublic
+from api.schemas.service import ErrorPublic, Message
+from api.schemas.users import ACCOUNT_PATTERN
 from api.services import list_datasets
 from scheduler.errors import HetschedError
 from workers.data.datafile import (
@@ -66,14 +75,21 @@ def _describe(name: str, path: Path) -> DatasetPublic:
     )
 
 
-@router.get("", response_model=DatasetsPublic)
-def read_datasets(state: StateDep) -> DatasetsPublic:
-    """Every dataset a job may name; ``default`` is the bundled corpus."""
+@router.get("", response_model=DatasetsPublic, dependencies=[ReadAuth], responses=UNAUTHORIZED)
+def read_datasets(state: StateDep, principal: ReaderDep) -> DatasetsPublic:
+    """Every dataset the caller's jobs may name; ``default`` is the bundled corpus."""
     root = state.settings.data_dir.resolve()
-    data = [
-        _describe(name, DEFAULT_CORPUS if name == "default" else root / name)
-        for name in list_datasets(root)
-    ]
+    owners = state.store.accounts.datasets()
+    visible = visible_projects(principal)
+    data = []
+    for name in list_datasets(root):
+        owner, project = LEGACY_DATASET
+        if name in owners:  # uploaded; the others are the operator's, everyone's to read
+            owner, project = owners[name].owner, owners[name].project
+            if visible is not None and project not in visible:
+                continue
+        described = _describe(name, DEFAULT_CORPUS if name == "default" else root / name)
+        data.append(DatasetListed(**described.model_dump(), owner=owner, project=project))
     return DatasetsPublic(data=data, count=len(data))
 
 
@@ -142,11 +158,19 @@ def _check_content(name: str, part: Path, root: Path) -> None:
 async def upload_dataset(
     request: Request,
     state: StateDep,
+    principal: ActorDep,
     name: str = Query(
         min_length=5,
         max_length=128,
         pattern=NAME_PATTERN,
         description="file name: NAME.txt, NAME.bin, NAME.bin.json, NAME.tokenizer.json",
+    ),
+    project: str | None = Query(
+        default=None,
+        max_length=64,
+        pattern=ACCOUNT_PATTERN,
+        description="The project it belongs to and counts against (storage_bytes); "
+        "default the uploader's.",
     ),
 ) -> DatasetPublic:
     """Store the request body as ``name`` in the data directory.
@@ -157,10 +181,12 @@ async def upload_dataset(
     ending in ``.txt``, ``.bin``, ``.bin.json`` or ``.tokenizer.json``. The file is
     checked (a sidecar parses, a ``.bin`` has its sidecar and holds whole tokens below
     its vocabulary, a tokenizer is JSON) and only then linked under its name, which
-    fails if the name exists (409).
+    fails if the name exists (409). The project's ``storage_bytes`` quota counts it
+    (413 past what is left).
     """
     _check_name(name)
-    limit = state.settings.max_upload_bytes
+    owned = _upload_project(state, principal, project)
+    limit, over = _upload_limit(state, owned)
     root = state.settings.data_dir.resolve()
     final = root / name
     if final.exists():
@@ -168,7 +194,7 @@ async def upload_dataset(
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise _bad(
-            f"body: {int(declared):,} bytes exceed the upload limit of {limit:,}",
+            f"body: {int(declared):,} bytes exceed {over or f'the upload limit of {limit:,}'}",
             status.HTTP_413_CONTENT_TOO_LARGE,
         )
     root.mkdir(parents=True, exist_ok=True)
@@ -180,7 +206,7 @@ async def upload_dataset(
                 size += len(chunk)
                 if size > limit:
                     raise _bad(
-                        f"body: more than the upload limit of {limit:,} bytes",
+                        f"body: more than {over or f'the upload limit of {limit:,} bytes'}",
                         status.HTTP_413_CONTENT_TOO_LARGE,
                     )
                 out.write(chunk)
@@ -194,4 +220,65 @@ async def upload_dataset(
     finally:
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
+    owner = DatasetOwner(name=name, owner=principal.name or "", project=owned, size_bytes=size)
+    state.store.accounts.add_dataset(owner)
+    state.store.accounts.audit(
+        principal, "dataset.upload", name, project=owned, detail=f"{size} bytes"
+    )
     return _describe(name, final)
+
+
+def _upload_project(state: StateDep, principal: Principal, project: str | None) -> str:
+    name = project or principal.default_project
+    check_project(principal, name, known=state.store.accounts.project(name) is not None)
+    return name
+
+
+def _upload_limit(state: StateDep, project: str) -> tuple[int, str | None]:
+    """The most bytes this upload may have; and, when the project's storage quota is what
+    binds (not the service's upload limit), that quota in words."""
+    limit = state.settings.max_upload_bytes
+    quota = state.store.accounts.project(project)
+    if quota is None or quota.storage_bytes is None:
+        return limit, None
+    used = state.store.accounts.storage_used().get(project, 0)
+    left = max(0, quota.storage_bytes - used)
+    if left >= limit:
+        return limit, None
+    return left, (
+        f"the {left:,} bytes left of project {project}'s storage quota ({used:,} of its "
+        f"storage_bytes {quota.storage_bytes:,} used); delete a dataset or ask an admin"
+    )
+
+
+@router.delete(
+    "/{name}",
+    response_model=Message,
+    responses={
+        **UNAUTHORIZED,
+        404: {"model": ErrorPublic, "description": "No such dataset (or another project's)"},
+        409: {"model": ErrorPublic, "description": "An unfinished job trains on it"},
+    },
+)
+def delete_dataset(name: str, state: StateDep, principal: ActorDep) -> Message:
+    """Delete an uploaded dataset file, unless an unfinished job trains on it (409); a
+    sidecar goes only after its ``.bin``."""
+    root = state.settings.data_dir.resolve()
+    path = root / name
+    owner = state.store.accounts.dataset(name)
+    missing = not _NAME.fullmatch(name) or ".." in name or not path.is_file()
+    if missing or not may_use_dataset(principal, owner, "act"):
+        raise _bad(f"name: no dataset {name[:60]!r}", status.HTTP_404_NOT_FOUND)
+    trained = name.removesuffix(".json") if name.endswith(".bin.json") else name
+    if trained != name and (root / trained).is_file():
+        raise _bad(f"name: {name} is the sidecar of {trained}; delete that first", 409)
+    users = [j for j in state.store.unfinished() if j.spec.dataset == trained]
+    if users:
+        shown = users[0].id if may(principal, users[0].project, "read") else "of another project"
+        raise _bad(
+            f"name: {name} is in use by unfinished job {shown}; delete it when that ends", 409
+        )
+    path.unlink()
+    state.store.accounts.forget_dataset(name)
+    state.store.accounts.audit(principal, "dataset.delete", name, project=owner.project)
+    return Message(message=f"dataset {name} deleted")

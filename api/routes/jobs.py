@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import fsspec
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
+from api.accounts import Principal, ProjectRecord, may, may_use_dataset, visible_projects
 from api.core.settings import API_PREFIX
-from api.deps import UNAUTHORIZED, Auth, JobDep, StateDep, StoreDep
+from api.deps import (
+    UNAUTHORIZED,
+    ActJobDep,
+    ActorDep,
+    Auth,
+    JobDep,
+    ReadAuth,
+    ReaderDep,
+    StateDep,
+    StoreDep,
+    check_project,
+)
 from api.execution.scheduling import check_device_counts
 from api.schemas.jobs import (
     CheckpointPublic,
@@ -22,7 +35,9 @@ from api.schemas.jobs import (
     StepPublic,
 )
 from api.schemas.service import ErrorPublic, Message
+from api.schemas.users import ACCOUNT_PATTERN
 from api.services import (
+    NotOnServer,
     check_devices,
     check_simulated_fit,
     model_from_ref,
@@ -30,7 +45,7 @@ from api.services import (
     stream_checkpoint,
 )
 from api.states import JobState
-from api.store import JobRecord
+from api.store import JobRecord, JobStore
 from api.views import JobPages, job_public
 from scheduler.hardware.precision import device_precisions
 from scheduler.models.presets import check_trainable
@@ -39,7 +54,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = {
     **UNAUTHORIZED,
-    404: {"model": ErrorPublic, "description": "No such job"},
+    404: {"model": ErrorPublic, "description": "No such job (or another project's)"},
     409: {"model": ErrorPublic, "description": "Not allowed in the job's state"},
 }
 
@@ -54,26 +69,38 @@ ERRORS = {
         **UNAUTHORIZED,
         409: {
             "model": ErrorPublic,
-            "description": "The model fits no device, a device id or dataset the server lacks, "
-            "or a known submission_id with another spec",
+            "description": "The model fits no device, or a device lacks its precision; a "
+            "device id, dataset, init_from job or project the server lacks (or the caller may "
+            "not use); the project's max_queued; or a known submission_id with another spec",
         },
     },
 )
-def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPublic:
-    """Queue a job. A repeated ``submission_id`` answers 200 with the job it created when
-    the spec is the same, and 409 when it is not (a retry never queues a second job, and
-    a reused id never passes for another job)."""
+def submit_job(
+    spec: JobCreate, state: StateDep, response: Response, principal: ActorDep
+) -> JobPublic:
+    """Queue a job in one of the submitter's projects, within its quotas (``max_priority``:
+    422; ``max_queued``: 409). A repeated ``submission_id`` answers 200 with the job it
+    created when the spec is the same, and 409 when it is not (a retry never queues a
+    second job, and a reused id never passes for another job)."""
     if spec.submission_id is not None:
         existing = state.store.get_by_submission(spec.submission_id)
+        if existing is not None and not may(principal, existing.project, "read"):
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                "submission_id: already used by another project's job; pick another",
+            )
         if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(_same_submission(existing, spec))
+    project = _project_for(spec, principal, state.store)
+    spec = spec.model_copy(update={"project": project.name})
+    _check_sources(spec, principal, state.store)
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     check_trainable(model)
     device_ids = check_devices(state.handle, spec.devices)
     cluster = state.handle.cluster
     check_device_counts(spec, len(cluster.ids) if cluster is not None else 0)
-    if cluster is not None:  # a device that cannot run the precision: a one-line 422
+    if cluster is not None:  # a device that cannot run the precision: a one-line 409
         device_precisions((cluster.device(i) for i in device_ids), spec.precision)
     resolve_dataset(
         state.settings.data_dir,
@@ -89,17 +116,73 @@ def submit_job(spec: JobCreate, state: StateDep, response: Response) -> JobPubli
         model_name=model.name,
         spec=spec,
         submission_id=spec.submission_id,
+        owner=principal.name or "",
+        project=project.name,
     )
     if not created:  # a twin of this request won the race
         response.status_code = status.HTTP_200_OK
         return job_public(_same_submission(job, spec))
+    state.store.accounts.audit(principal, "job.submit", job.id, project=project.name)
     if state.executor is not None:
         state.executor.wake()
     return job_public(job)
 
 
+def _unprocessable(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+
+
+def _project_for(spec: JobCreate, principal: Principal, store: JobStore) -> ProjectRecord:
+    """The project the job counts against, once its quotas let it in."""
+    name = spec.project or principal.default_project
+    project = store.accounts.project(name)
+    check_project(principal, name, known=project is not None)
+    assert project is not None
+    if project.max_priority is not None and spec.priority > project.max_priority:
+        raise _unprocessable(
+            f"priority: {spec.priority:g} is above project {name}'s max_priority "
+            f"{project.max_priority:g}"
+        )
+    need = len(spec.devices) if spec.devices is not None else spec.min_devices
+    if project.max_devices is not None and need > project.max_devices:
+        field = "devices" if spec.devices is not None else "min_devices"
+        raise _unprocessable(
+            f"{field}: {need} device(s) are more than project {name}'s max_devices "
+            f"{project.max_devices}; the job could never start"
+        )
+    if project.max_queued is not None:
+        queued = store.queued_by_project().get(name, 0)
+        if queued >= project.max_queued:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"quota: project {name} has {queued} job(s) queued, its max_queued; "
+                "submit again once one has started, or stop one",
+            )
+    return project
+
+
+def _check_sources(spec: JobCreate, principal: Principal, store: JobStore) -> None:
+    """A job may start from the checkpoints of jobs, and train on datasets, its submitter
+    may read; another project's are as absent as missing ones."""
+    if spec.dataset != "default":
+        owner = store.accounts.dataset(spec.dataset)
+        if not may_use_dataset(principal, owner, "read"):
+            raise NotOnServer(f"dataset: no file {spec.dataset!r} in the server's data directory")
+    if spec.init_from is None or spec.init_from.startswith("hf:"):
+        return
+    other_id = spec.init_from.partition("@")[0]
+    other = store.get(other_id)
+    if other is None and principal.is_admin:
+        return  # the job fails when it starts, as before users (the runner says why)
+    if other is None or not may(principal, other.project, "read"):
+        raise NotOnServer(f"init_from: no job {other_id!r}")
+
+
 def _same_submission(existing: JobRecord, spec: JobCreate) -> JobRecord:
-    """The job ``spec.submission_id`` created, if it was submitted with this spec (else 409)."""
+    """The job ``spec.submission_id`` created, if it was submitted with this spec (else 409);
+    a spec naming no project means the one the job was queued in."""
+    if spec.project is None:
+        spec = spec.model_copy(update={"project": existing.project})
     if existing.spec == spec:
         return existing
     theirs, ours = existing.spec.model_dump(), spec.model_dump()
@@ -111,19 +194,28 @@ def _same_submission(existing: JobRecord, spec: JobCreate) -> JobRecord:
     )
 
 
-@router.get("", response_model=JobsPublic)
+@router.get("", response_model=JobsPublic, dependencies=[ReadAuth], responses=UNAUTHORIZED)
 def list_jobs(
     store: StoreDep,
+    principal: ReaderDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     state: JobState | None = None,
+    owner: Annotated[str | None, Query(max_length=64, pattern=ACCOUNT_PATTERN)] = None,
 ) -> JobsPublic:
-    """Jobs, newest first; ``count`` is the number matching over all pages."""
-    jobs, count = store.list_jobs(state=state, limit=limit, offset=offset)
+    """The jobs of the caller's projects (an admin's: all), newest first; ``owner``: only
+    that user's. ``count`` is the number matching over all pages."""
+    jobs, count = store.list_jobs(
+        state=state,
+        limit=limit,
+        offset=offset,
+        projects=visible_projects(principal),
+        owner=owner,
+    )
     return JobsPublic(data=[job_public(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses={404: ERRORS[404]})
+@router.get("/{job_id}", response_model=JobPublic, responses={**UNAUTHORIZED, 404: ERRORS[404]})
 def read_job(job: JobDep, store: StoreDep, request: Request) -> Response:
     """The job and what changed its plan while it ran.
 
@@ -134,7 +226,11 @@ def read_job(job: JobDep, store: StoreDep, request: Request) -> Response:
     return Response(pages.body(job, store.events(job.id)), media_type="application/json")
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=CheckpointsPublic,
+    responses={**UNAUTHORIZED, 404: ERRORS[404]},
+)
 def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
     """The job's checkpoints kept, oldest first; each loads into any plan or cluster."""
     data = [
@@ -153,6 +249,7 @@ def list_checkpoints(job: JobDep, store: StoreDep) -> CheckpointsPublic:
     response_class=Response,
     responses={
         200: {"content": {"application/gzip": {}}, "description": "The checkpoint, .tar.gz"},
+        **UNAUTHORIZED,
         404: {"model": ErrorPublic, "description": "No such job, or it never had this checkpoint"},
         410: {"model": ErrorPublic, "description": "Retention removed it, or its files are gone"},
     },
@@ -192,7 +289,11 @@ def download_checkpoint(
     )
 
 
-@router.get("/{job_id}/metrics", response_model=JobMetricsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/metrics",
+    response_model=JobMetricsPublic,
+    responses={**UNAUTHORIZED, 404: ERRORS[404]},
+)
 def read_metrics(
     job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
 ) -> JobMetricsPublic:
@@ -203,7 +304,9 @@ def read_metrics(
     return JobMetricsPublic(job_id=job.id, data=data, count=len(data))
 
 
-@router.get("/{job_id}/logs", response_model=JobLogsPublic, responses={404: ERRORS[404]})
+@router.get(
+    "/{job_id}/logs", response_model=JobLogsPublic, responses={**UNAUTHORIZED, 404: ERRORS[404]}
+)
 def read_logs(
     job: JobDep, store: StoreDep, since: Annotated[int, Query(ge=0, le=10**9)] = 0
 ) -> JobLogsPublic:
@@ -221,13 +324,14 @@ def read_logs(
     dependencies=[Auth],
     responses=ERRORS,
 )
-def stop_job(job: JobDep, state: StateDep) -> JobPublic:
+def stop_job(job: ActJobDep, state: StateDep, principal: ActorDep) -> JobPublic:
     """A pending job stops at once; a running one stops after its current step."""
     if job.terminal:
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"job: {job.id} is already {job.state}; nothing to stop"
         )
     updated = state.store.request_stop(job.id)
+    state.store.accounts.audit(principal, "job.stop", job.id, project=job.project)
     assert updated is not None
     live = state.executor is not None and state.executor.request_stop(job.id)
     if updated.state == JobState.RUNNING and not live:
@@ -248,12 +352,40 @@ def stop_job(job: JobDep, state: StateDep) -> JobPublic:
     dependencies=[Auth],
     responses=ERRORS,
 )
-def delete_job(job: JobDep, store: StoreDep) -> Message:
-    """Delete a finished job with its metrics and logs; running ones must be stopped first."""
+def delete_job(job: ActJobDep, state: StateDep, principal: ActorDep) -> Message:
+    """Delete a finished job with its metrics, logs and checkpoint files; running ones must
+    be stopped first, and one whose checkpoints an unfinished job starts from (its
+    ``init_from``) is kept until that job ends (409)."""
+    store = state.store
+    _check_not_needed(job, principal, store)
     if not job.terminal or not store.delete(job.id):
         raise HTTPException(
             status.HTTP_409_CONFLICT,
             f"job: {job.id} is {job.state}; only STOPPED, SUCCEEDED or FAILED "
             "jobs can be deleted (stop it first)",
         )
+    removed = _remove_files(state.settings.job_checkpoints(job.id))
+    store.accounts.audit(principal, "job.delete", job.id, project=job.project, detail=removed)
     return Message(message=f"job {job.id} deleted")
+
+
+def _check_not_needed(job: JobRecord, principal: Principal, store: JobStore) -> None:
+    for other in store.unfinished():
+        init_from = other.spec.init_from or ""
+        if init_from.partition("@")[0] == job.id and other.id != job.id:
+            visible = may(principal, other.project, "read")
+            who = f"job {other.id}" if visible else "a job of another project"
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"job: {job.id}'s checkpoints are still needed: {who} starts from them "
+                "(init_from) and has not ended; delete it once that job ends",
+            )
+
+
+def _remove_files(uri: str) -> str:
+    """Remove a job's checkpoint folder (any fsspec location); says what went."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    if not fs.exists(root):
+        return "no checkpoint files"
+    fs.rm(root, recursive=True)
+    return f"removed {uri}"

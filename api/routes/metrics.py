@@ -76,7 +76,7 @@ class LiveCollector(Collector):
         )
         info = InfoMetricFamily(
             "hetsched_job",
-            "What each running job is: its name, owner, model and strategy.",
+            "What each running job is: its name, owner, project, model and strategy.",
             labels=["job_id"],
         )
         for job in live:
@@ -90,7 +90,8 @@ class LiveCollector(Collector):
                     [job.job_id],
                     {
                         "name": record.name,
-                        "owner": str(getattr(record, "owner", "") or ""),
+                        "owner": record.owner,
+                        "project": record.project,
                         "model": record.model_name,
                         "strategy": record.plan.strategy if record.plan else record.spec.strategy,
                     },

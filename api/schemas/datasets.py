@@ -18,6 +18,13 @@ class DatasetPublic(BaseModel):
     """Why a listed file cannot train (a ``.bin`` without its sidecar, say)."""
 
 
+class DatasetListed(DatasetPublic):
+    owner: str
+    """Who uploaded it (files placed by hand: the admin)."""
+    project: str
+    """Whose members may train on it and delete it."""
+
+
 class DatasetsPublic(BaseModel):
-    data: list[DatasetPublic]
+    data: list[DatasetListed]
     count: int

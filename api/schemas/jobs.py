@@ -15,6 +15,7 @@ from api.schemas.fields import (
     Text,
 )
 from api.schemas.plans import OptimizerSpec, PlanCreate, PlanPublic, TrainableModelRef
+from api.schemas.users import AccountName
 from api.states import JobState
 from scheduler.hardware.precision import JobPrecision
 
@@ -104,6 +105,11 @@ class JobCreate(PlanCreate):
         description="Never more devices than this (at least min_devices, at most the "
         "cluster's devices); default as many as help (fifo: all).",
     )
+    project: AccountName | None = Field(
+        default=None,
+        description="The project the job counts against (one the submitter belongs to); "
+        "default the submitter's ('default' for the admin). Stored as resolved.",
+    )
 
 
 class JobEventPublic(BaseModel):
@@ -152,6 +158,10 @@ class JobPublic(BaseModel):
     message: str = ""
     """Why a job failed or stopped; what a pending job waits for."""
     spec: JobCreate
+    owner: str = "admin"
+    """The user who submitted it."""
+    project: str = "default"
+    """The project it belongs to: its members see and act on it."""
     submission_id: str | None = None
     devices: list[str] = []
     """Devices allocated to the job (empty until it starts)."""

@@ -25,6 +25,23 @@ class ScheduledJobPublic(BaseModel):
     """Why it got these devices, or why it waits."""
     priority: float
     waiting_s: float
+    owner: str = ""
+    project: str = ""
+
+
+class ProjectUsagePublic(BaseModel):
+    """A project's quotas and what it uses of them now (a null limit: none)."""
+
+    name: str
+    weight: float
+    """Its share of the cluster against the other projects' (fair, goodput)."""
+    max_devices: int | None
+    devices_held: int
+    max_queued: int | None
+    queued: int
+    max_priority: float | None
+    storage_bytes: int | None
+    storage_used_bytes: int
 
 
 class SchedulePublic(BaseModel):
@@ -46,3 +63,5 @@ class SchedulePublic(BaseModel):
     """Waiting jobs, each with why it waits."""
     jobs: list[ScheduledJobPublic]
     """Every running and waiting job with the round's reason."""
+    projects: list[ProjectUsagePublic] = []
+    """The caller's projects (an admin's: all): quotas and usage."""

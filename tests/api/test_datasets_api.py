@@ -150,7 +150,7 @@ def test_uploads_over_the_size_limit_are_413(app_client, tmp_path: Path) -> None
 
 
 def test_uploads_need_the_token_when_one_is_set(app_client) -> None:
-    with app_client(api_token="s3cret") as client:
+    with app_client(api_token="s3cret", open_reads=True) as client:
         assert upload(client, "a.txt", b"hello " * 50)[0] == 401
         response = client.post(
             DATASETS,

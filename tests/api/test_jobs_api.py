@@ -143,7 +143,7 @@ def test_paging_and_state_filter(offline: TestClient) -> None:
 
 
 def test_token_guards_mutations_but_not_reads(app_client) -> None:  # type: ignore[no-untyped-def]
-    with app_client(api_token="s3cret") as client:
+    with app_client(api_token="s3cret", open_reads=True) as client:
         assert client.post(JOBS, json=TINY_JOB).status_code == 401
         wrong = client.post(JOBS, json=TINY_JOB, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401

@@ -93,8 +93,9 @@ def test_running_jobs_figures_come_from_the_executor(
     # "job_id", not "job": Prometheus' own target label would rename it exported_job.
     assert metrics["hetsched_job_step_seconds"] == {(("job_id", job_id),): 0.5}
     assert metrics["hetsched_job_samples_per_second"] == {(("job_id", job_id),): 64.0}
-    info = (("job_id", job_id), ("model", "gpt-tiny"), ("name", "demo"), ("owner", ""))
-    assert metrics["hetsched_job_info"] == {(*info, ("strategy", "auto")): 1}
+    info = (("job_id", job_id), ("model", "gpt-tiny"), ("name", "demo"), ("owner", "admin"))
+    where = (("project", "default"), ("strategy", "auto"))  # single-user: the admin's
+    assert metrics["hetsched_job_info"] == {(*info, *where): 1}
     device = (("device", "node-a/0"), ("node", "node-a"), ("type", "A100-80GB"))
     held = tuple(sorted((*device, ("job_id", job_id))))
     assert metrics["hetsched_device_job"] == {held: 1}

@@ -36,6 +36,7 @@ LAYERS: dict[str, list[set[str]]] = {
     "api": [
         {"states", "contract"},
         {"core", "schemas"},
+        {"accounts"},
         {"store", "migrations"},
         {"services"},
         {"execution"},

@@ -40,7 +40,8 @@ export async function request(method, path, body, contentType) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = contentType || "application/json";
   const token = getToken();
-  if (token && method !== "GET") headers.Authorization = `Bearer ${token}`;
+  // Every call: once tokens exist, reads need one too (only a demo opens them).
+  if (token) headers.Authorization = `Bearer ${token}`;
   let response;
   try {
     response = await fetch(API + path, {

@@ -23,7 +23,11 @@ async function pollOverview() {
       await Promise.all([refreshCluster(), refreshJobs(), refreshSchedule()]);
     }
   } catch (err) {
-    showBanner(err.message);
+    // A shared service shows its jobs only to a token: ask for one where jobs are submitted.
+    if (err.status === 401) {
+      $("token-field").hidden = false;
+      showBanner(`${err.message}: enter your API token in the form below`);
+    } else showBanner(err.message);
   }
   if (!$("view-overview").hidden) overviewTimer = setTimeout(pollOverview, OVERVIEW_POLL_MS);
 }

@@ -13,6 +13,7 @@ export const state = {
   devices: new Map(), // id -> device of GET /cluster
   jobNames: new Map(), // id -> name, for the cluster's "current job"
   optionsLoaded: false,
+  me: null, // GET /users/me: who the token says this is
 };
 
 export function showBanner(text) {
@@ -110,6 +111,7 @@ function jobRow(job) {
     <td><a href="/jobs/${encodeURIComponent(job.id)}" data-link class="job-link">${esc(job.name)}</a>
       <div class="muted small mono">${esc(job.id.slice(0, 8))}</div></td>
     <td><span class="badge ${esc(job.state)}" title="${esc(job.message)}">${esc(job.state)}</span></td>
+    <td>${esc(job.owner)}<div class="muted small">${esc(job.project)}</div></td>
     <td>${esc(job.model_name)}</td>
     <td>${esc(strategyText(job))}</td>
     <td>${progressHtml(job)}</td>
@@ -119,13 +121,27 @@ function jobRow(job) {
     <td>${action}</td></tr>`;
 }
 
+// Who the token says this is; on a shared service the list shows their own jobs by
+// default ("Mine only"), on a single-user one there is nobody else to hide.
+async function whoAmI() {
+  const token = getToken();
+  if (!state.me || state.me.token !== token) {
+    state.me = { ...(await get("/users/me")), token };
+    $("jobs-mine-field").hidden = state.me.single_user || !state.me.name;
+  }
+  return state.me;
+}
+
 export async function refreshJobs() {
   const filter = $("jobs-filter").value;
-  const query = `/jobs?limit=50${filter ? `&state=${encodeURIComponent(filter)}` : ""}`;
+  const me = await whoAmI();
+  const mine = !$("jobs-mine-field").hidden && $("jobs-mine").checked && me.name;
+  const query = `/jobs?limit=50${filter ? `&state=${encodeURIComponent(filter)}` : ""}` +
+    (mine ? `&owner=${encodeURIComponent(me.name)}` : "");
   const page = await get(query);
   for (const job of page.data) state.jobNames.set(job.id, job.name);
   $("jobs-table").tBodies[0].innerHTML = page.data.map(jobRow).join("") ||
-    `<tr class="empty"><td colspan="9">${filter ? `No ${filter.toLowerCase()} jobs.` : "No jobs yet: submit one above."}</td></tr>`;
+    `<tr class="empty"><td colspan="10">${filter ? `No ${filter.toLowerCase()} jobs.` : mine ? "None of yours: untick “Mine only” for your projects' jobs." : "No jobs yet: submit one above."}</td></tr>`;
   $("jobs-count").textContent = page.count > page.data.length
     ? `Newest ${page.data.length} of ${page.count} jobs` : `${page.count} job${page.count === 1 ? "" : "s"}`;
 }
@@ -240,6 +256,7 @@ export function setupForm(navigate) {
   });
   $("f-dataset-file").addEventListener("change", (event) => uploadFiles(event.target));
   $("jobs-filter").addEventListener("change", () => refreshJobs().catch(() => {}));
+  $("jobs-mine").addEventListener("change", () => refreshJobs().catch(() => {}));
   $("jobs-table").addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-action]");
     if (!button) return;
