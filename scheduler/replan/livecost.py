@@ -129,6 +129,7 @@ def _chains(plan: Plan, profile: Profile) -> list[tuple[Chain, list[DevicePlan]]
                     )
                     + exchange_s(**flags),
                     peak_bytes=entry.peak_bytes,
+                    recompute=entry.recompute,  # rebuilt busy times use the mode's figures
                 )
             )
         out.append((Chain(stages=tuple(stages), micro_batch=entries[0].micro_batch), entries))
