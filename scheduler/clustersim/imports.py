@@ -16,7 +16,7 @@ hetsched's cost model, :class:`~scheduler.policy.rates.PlannedRates`):
 4. Steps = ``D`` × (samples/s of that model and batch on ``n`` devices of the original
    type, one node when they fit on one of :data:`NODE_SIZE`) / batch, rounded: replaying
    the job alone on those devices takes ``D`` again, within half a step (the round
-   trip test allows 1%).
+   trip test checks it, and 1% for jobs of 50 steps or more).
 
 Formats:
 

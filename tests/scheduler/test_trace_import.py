@@ -51,7 +51,8 @@ def test_every_excerpt_job_keeps_its_duration_and_runs_on_its_cluster(
         back_s = original_duration_s(job, o.gpu_type, rates)
         step_s = back_s / job.steps
         assert abs(back_s - o.duration_s) <= 0.5 * step_s + 1e-6, o.name
-        assert back_s == pytest.approx(o.duration_s, rel=0.01), o.name
+        if job.steps >= 50:  # half a step is then at most 1%
+            assert back_s == pytest.approx(o.duration_s, rel=0.01), o.name
         assert job.max_devices == o.num_devices and job.arrival_s == pytest.approx(o.arrival_s)
         assert job.min_devices == (o.num_devices if fmt == "gavel" else 1)
     spec = load_cluster(PUBLIC / cluster)
