@@ -268,7 +268,7 @@ def _decide_shared(
             )
     held = {v.job.name: v.held for v in everyone}
     devices = place(cluster, chosen, held)
-    return _allocation(policy, cluster, views, devices, waits, rate_fn, how)
+    return _allocation(policy, classes, views, devices, waits, rate_fn, how)
 
 
 def _options(
@@ -369,14 +369,13 @@ def _share_devices(view: _JobView, classes: ClusterClasses) -> float:
 
 def _allocation(
     policy: PolicyName,
-    cluster: Cluster,
+    classes: ClusterClasses,
     views: list[_JobView],
     devices: dict[str, tuple[str, ...]],
     waits: dict[str, str],
     rate_fn: RateFn,
     how: str,
 ) -> Allocation:
-    classes = ClusterClasses.of(cluster)
     out_devices: dict[str, tuple[str, ...]] = {}
     out_rates: dict[str, float] = {}
     reasons: dict[str, str] = {}
