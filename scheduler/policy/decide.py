@@ -260,6 +260,7 @@ def _decide_shared(
             f"{kind}: configuration per job by integer program ({solution.note}); "
             "heuristic: admission order, candidate configurations, placement"
         )
+    _fill_idle(chosen, capacity, list(zip(optional, options[len(admitted) :], strict=True)))
     for v in optional:
         if v.job.name not in chosen:
             waits[v.job.name] = (
@@ -336,6 +337,28 @@ def _options(
             value = keep * normalised  # fair's tie-break: keep jobs where they are
         out.append(Option(config=config, value=value, normalised=normalised))
     return out
+
+
+def _fill_idle(
+    chosen: dict[str, Config],
+    capacity: dict[DeviceClass, int],
+    optional: list[tuple[_JobView, list[Option]]],
+) -> None:
+    """Start waiting jobs on devices the solver left idle, most urgent first, each on its
+    most valuable option that fits: on its time limit HiGHS can return an allocation
+    that keeps a job waiting beside free devices, which the optimum never does."""
+    free = dict(capacity)
+    for config in chosen.values():
+        for c, n in config.parts:
+            free[c] -= n
+    waiting = [(v, opts) for v, opts in optional if v.job.name not in chosen]
+    for view, opts in sorted(waiting, key=lambda vo: -vo[0].urgency):
+        fits = [o for o in opts if o.value > 0 and all(n <= free[c] for c, n in o.config.parts)]
+        if fits:
+            best = max(fits, key=lambda o: o.value)
+            chosen[view.job.name] = best.config
+            for c, n in best.config.parts:
+                free[c] -= n
 
 
 def _fairness_floor(
