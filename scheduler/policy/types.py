@@ -106,11 +106,14 @@ class PolicySettings:
     """``jct``: an allocation is worth its normalised rate times (remaining time on an
     equal share) to the power ``-srpt_power``. 1 is the rate at which the job's
     remaining work gets done (shortest-remaining-time-first's greedy rule); 0 is
-    ``throughput``. 0.25 was chosen on generated traces (seed 2: hetero-64 at 8/h with
-    the small request mix and at 16/h with the large one) and Gavel's public trace, where
-    1 gave 13 % lower average JCT than ``fair`` at 16/h with p99 24 % worse and
-    makespan 28 % longer (short jobs spread wide while long ones starve), 0.5 gave
-    19 % with p99 4 % worse, 0.25 19 % with p99 1 % better (issue 20)."""
+    ``throughput``'s value. Chosen on generated traces (seed 2: hetero-64 at 8/h with
+    the small request mix and at 16/h with the large one) and Gavel's public trace,
+    average JCT against ``fair``: 1 gave 13 % lower at 16/h with p99 24 % worse and
+    makespan 28 % longer (short jobs spread wide while long ones starved); 0.5 gave
+    19 % (p99 4 % worse) and 18 % on Gavel's (p99 5 % worse); 0.25 gave 19 % (p99 1 %
+    better), 16 % on Gavel's (p99 within fair's own run-to-run spread) and 7 % at
+    8/h, where ``throughput`` gave 5 % (issue 20). Checked afterwards, not tuned on:
+    Sia's traces and the seed-1 sweep of tests/benchmarks/test_policy_sweep.py."""
     move_horizon_s: float = 3600.0
     """``jct``: a move pays its restart out of at most this many seconds on the new
     devices (allocations change as jobs come and go, so a restart is not amortised
