@@ -15,7 +15,7 @@ from scheduler.planning.dp import plan_dp
 from scheduler.policy.configs import ClusterClasses
 from scheduler.policy.decide import decide
 from scheduler.policy.rates import PlannedRates
-from scheduler.policy.types import POLICIES, JobDemand, PolicyError
+from scheduler.policy.types import POLICIES, JobDemand, PolicyError, PolicySettings
 
 MODELS = ["gpt2-small", "gpt2-medium", "gpt2-xl"]
 
@@ -220,3 +220,30 @@ def test_bad_requests_are_one_line_errors() -> None:
         decide(MIXED, [job("a"), job("a")])
     with pytest.raises(PolicyError, match="max_devices 1 is below min_devices 2"):
         job("a", min_devices=2, max_devices=1)
+
+
+def test_goodput_lets_short_jobs_go_first_and_says_why_the_long_one_waits() -> None:
+    """Least average JCT: with one device and three jobs waiting, the short one runs and
+    the long one is told why it waits and how long it may; ``throughput`` runs all."""
+    cluster = cluster_of([("A100-40GB", 2)])
+    jobs = [
+        job("long", steps_left=1e6, max_devices=1, arrival_s=0),
+        job("short", steps_left=100, max_devices=1, arrival_s=5),
+        job("medium", steps_left=1e4, max_devices=1, arrival_s=9),
+    ]
+    allocation = decide(cluster, jobs, policy="goodput")
+    assert allocation.devices["short"] and allocation.devices["medium"]
+    assert allocation.devices["long"] == ()
+    assert allocation.reasons["long"] == (
+        "waits: jobs with less remaining time go first; it starts within 4 h of waiting "
+        "at the latest"
+    )
+    fair = decide(cluster, jobs, policy="fair")
+    assert fair.devices["long"] and fair.devices["short"], "fair: arrival order"
+
+
+def test_the_objective_setting_is_checked() -> None:
+    with pytest.raises(
+        PolicyError, match="settings.objective: unknown 'makespan'; allowed: jct, throughput"
+    ):
+        PolicySettings(objective="makespan")  # type: ignore[arg-type]
