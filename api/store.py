@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, Row, delete, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -223,7 +223,14 @@ def _from_row(record_type: type[R], row: object, **stored_otherwise: Any) -> R:
     return record_type(**values, **stored_otherwise)
 
 
-def _job(row: JobRow) -> JobRecord:
+JOBS, EVENTS = JobRow.__table__, EventRow.__table__
+
+
+def event_record(row: EventRow | Row[Any]) -> EventRecord:
+    return _from_row(EventRecord, row, data=json.loads(row.data_json))
+
+
+def job_record(row: JobRow | Row[Any]) -> JobRecord:
     return _from_row(
         JobRecord,
         row,
@@ -299,7 +306,7 @@ class JobStore:
                     session.add(row)
             except IntegrityError:
                 continue  # a racing submission took this place (or this submission_id)
-            return _job(row), True
+            return job_record(row), True
         raise StoreUnavailable(
             f"database: no free queue place after {SEQ_ATTEMPTS} attempts (submissions racing)"
         )
@@ -307,12 +314,12 @@ class JobStore:
     def get(self, job_id: str) -> JobRecord | None:
         with self._tx() as session:
             row = session.get(JobRow, job_id)
-            return _job(row) if row is not None else None
+            return job_record(row) if row is not None else None
 
     def get_by_submission(self, submission_id: str) -> JobRecord | None:
         with self._tx() as session:
             row = session.scalar(select(JobRow).where(JobRow.submission_id == submission_id))
-            return _job(row) if row is not None else None
+            return job_record(row) if row is not None else None
 
     def list_jobs(
         self,
@@ -337,7 +344,7 @@ class JobStore:
             if conditions:
                 query, counter = query.where(*conditions), counter.where(*conditions)
             rows = session.scalars(query.order_by(JobRow.seq.desc()).limit(limit).offset(offset))
-            return [_job(r) for r in rows], int(session.scalar(counter) or 0)
+            return [job_record(r) for r in rows], int(session.scalar(counter) or 0)
 
     def pending(self) -> list[JobRecord]:
         """The queue, oldest first."""
@@ -345,7 +352,7 @@ class JobStore:
             rows = session.scalars(
                 select(JobRow).where(JobRow.state == PENDING).order_by(JobRow.seq)
             )
-            return [_job(r) for r in rows]
+            return [job_record(r) for r in rows]
 
     def queued_by_project(self) -> dict[str, int]:
         """Project -> its PENDING jobs."""
@@ -364,7 +371,7 @@ class JobStore:
             rows = session.scalars(
                 select(JobRow).where(JobRow.state.in_([PENDING, RUNNING])).order_by(JobRow.seq)
             )
-            return [_job(r) for r in rows]
+            return [job_record(r) for r in rows]
 
     def count_by_state(self) -> dict[str, int]:
         with self._tx() as session:
@@ -449,7 +456,7 @@ class JobStore:
             rows = session.scalars(
                 select(JobRow).where(JobRow.state == RUNNING).order_by(JobRow.seq)
             )
-            return [_job(r) for r in rows]
+            return [job_record(r) for r in rows]
 
     # --- what changed a running job, and its checkpoints -------------------------
 
@@ -467,7 +474,20 @@ class JobStore:
             rows = session.scalars(
                 select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id)
             )
-            return [_from_row(EventRecord, r, data=json.loads(r.data_json)) for r in rows]
+            return [event_record(r) for r in rows]
+
+    def job_rows(self, job_id: str) -> tuple[Row[Any], list[Row[Any]]] | None:
+        """The job's row and its events' rows as stored, in one read and without the ORM:
+        what :class:`api.views.JobPages` compares before it parses anything
+        (:func:`job_record`, :func:`event_record` make them records)."""
+        with self.engine.connect() as connection:
+            job = connection.execute(select(JOBS).where(JOBS.c.id == job_id)).first()
+            if job is None:
+                return None
+            events = connection.execute(
+                select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id)
+            ).all()
+        return job, list(events)
 
     def count_events(self) -> dict[str, int]:
         """Events of every job by kind (``recovery``, ``replan``, ``restart``), zeros included."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -17,7 +17,14 @@ from api.schemas.plans import PlanPublic
 from api.schemas.profiles import ProfilePublic
 from api.schemas.schedule import ScheduledJobPublic
 from api.services import ClusterHandle
-from api.store import EventRecord, JobRecord, JobStore, ProfileRecord
+from api.store import (
+    EventRecord,
+    JobRecord,
+    JobStore,
+    ProfileRecord,
+    event_record,
+    job_record,
+)
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.planning.plan import Plan
 
@@ -66,33 +73,40 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
 class JobPages:
     """``GET /jobs/{id}``'s answers as JSON, built again only when the job or its events
     changed: fifty dashboards polling one training job share one build per step instead
-    of validating and serializing the same plan fifty times.
+    of parsing and serializing the same plan fifty times.
 
-    An entry is reused only while the freshly read record and events equal those it
-    was built from, so an answer is never staler than the database read before it.
+    Each answer reads the job's and its events' rows afresh (:meth:`JobStore.job_rows`)
+    and reuses the entry built from equal rows, so it is never staler than the
+    database read before it; an unchanged job costs that read and a comparison.
     """
 
     def __init__(self, max_jobs: int = 256) -> None:
         self._lock = threading.Lock()
         self._max_jobs = max_jobs
-        self._pages: OrderedDict[str, tuple[JobRecord, tuple[EventRecord, ...], bytes]] = (
-            OrderedDict()
-        )
+        self._pages: OrderedDict[str, tuple[tuple[Any, ...], bytes]] = OrderedDict()
 
-    def body(self, job: JobRecord, events: Sequence[EventRecord]) -> bytes:
-        kept = tuple(events)
+    def read(self, store: JobStore, job_id: str, readable: Callable[[str], bool]) -> bytes | None:
+        """The job's answer, or None when there is no such job or ``readable`` refuses
+        its project."""
+        rows = store.job_rows(job_id)
+        if rows is None or not readable(rows[0].project):
+            return None
+        job_row, event_rows = rows
+        key = (tuple(job_row), *(tuple(e) for e in event_rows))
         with self._lock:
-            cached = self._pages.get(job.id)
-            if cached is not None and cached[0] == job and cached[1] == kept:
-                self._pages.move_to_end(job.id)
-                return cached[2]
-        body = job_public(job, kept).model_dump_json(by_alias=True).encode()
+            cached = self._pages.get(job_id)
+            if cached is not None and cached[0] == key:
+                self._pages.move_to_end(job_id)
+                return cached[1]
+        job = job_record(job_row)
+        body = job_public(job, [event_record(e) for e in event_rows])
+        page = body.model_dump_json(by_alias=True).encode()
         with self._lock:
-            self._pages[job.id] = (job, kept, body)
-            self._pages.move_to_end(job.id)
+            self._pages[job_id] = (key, page)
+            self._pages.move_to_end(job_id)
             while len(self._pages) > self._max_jobs:
                 self._pages.popitem(last=False)
-        return body
+        return page
 
 
 def allocation_public(event: EventRecord) -> AllocationPublic:

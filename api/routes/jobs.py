@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import fsspec
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from api.accounts import Principal, ProjectRecord, may, may_use_dataset, visible_projects
 from api.core.settings import API_PREFIX
 from api.deps import (
+    JOB_ID,
     UNAUTHORIZED,
     ActJobDep,
     ActorDep,
@@ -216,14 +219,23 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={**UNAUTHORIZED, 404: ERRORS[404]})
-def read_job(job: JobDep, store: StoreDep, request: Request) -> Response:
+async def read_job(
+    job_id: str, principal: ReaderDep, state: StateDep, request: Request
+) -> Response:
     """The job and what changed its plan while it ran.
 
-    Dashboards poll this: it runs in the thread pool (its reads never hold up the event
-    loop, and so every other request) and answers from :class:`api.views.JobPages`
-    while the job and its events are unchanged."""
+    Dashboards poll this, so it costs one trip to the thread pool (its read never holds
+    up the event loop, and so every other request; a sync dependency would add a
+    trip of its own) and answers from :class:`api.views.JobPages` while the job and
+    its events are unchanged. Another project's job is as absent as a missing one."""
     pages: JobPages = request.app.state.job_pages
-    return Response(pages.body(job, store.events(job.id)), media_type="application/json")
+    page = None
+    if JOB_ID.fullmatch(job_id):
+        readable = functools.partial(may, principal, action="read")
+        page = await run_in_threadpool(pages.read, state.store, job_id, readable)
+    if page is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job: no job with id {job_id!r}")
+    return Response(page, media_type="application/json")
 
 
 @router.get(
