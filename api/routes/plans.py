@@ -18,7 +18,10 @@ router = APIRouter(prefix="/plans", tags=["plans"])
     "",
     response_model=PlanPreview,
     dependencies=[Auth],
-    responses={409: {"model": ErrorPublic, "description": "Nothing fits"}, **UNAUTHORIZED},
+    responses={
+        409: {"model": ErrorPublic, "description": "Nothing fits, or a device lacks the precision"},
+        **UNAUTHORIZED,
+    },
 )
 def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     """The plan a job with this spec would get, with the even and proportional baselines.
@@ -29,7 +32,7 @@ def create_plan(spec: PlanCreate, state: StateDep) -> PlanPreview:
     model = model_from_ref(spec.model, data_dir=state.settings.data_dir)
     device_ids = check_devices(state.handle, spec.devices)
     cluster = state.handle.cluster
-    if cluster is not None:  # a device that cannot run the precision: a one-line 422
+    if cluster is not None:  # a device that cannot run the precision: a one-line 409
         device_precisions((cluster.device(i) for i in device_ids), spec.precision)
     busy = set(state.executor.busy_devices()) if state.executor else set()
     plan, source = dry_run(

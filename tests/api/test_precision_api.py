@@ -68,7 +68,7 @@ def test_plan_shows_each_devices_precision(capsys) -> None:
 
 def test_a_plan_request_takes_the_jobs_precision(offline: TestClient) -> None:
     """``POST /plans`` prices the precision asked for (fp32 unless asked), and refuses one
-    a device cannot run, or an unknown one, in one line."""
+    a device cannot run (409) or an unknown one (422), in one line."""
     plan = {"model": "gpt-tiny", "global_batch": 16, "strategy": "dp"}
     fp32 = offline.post("/api/v1/plans", json=plan)
     auto = offline.post("/api/v1/plans", json={**plan, "precision": "auto"})
@@ -77,7 +77,7 @@ def test_a_plan_request_takes_the_jobs_precision(offline: TestClient) -> None:
     assert precisions == {"fp32"}
     assert "bf16" in {d["precision"] for d in auto.json()["plan"]["devices"]}
     bad = offline.post("/api/v1/plans", json={**plan, "precision": "bf16"})
-    assert bad.status_code == 422
+    assert bad.status_code == 409  # valid input this cluster cannot run, as for a job
     assert bad.json()["detail"].startswith("precision: bf16 is not supported by node-b/0")
     unknown = offline.post("/api/v1/plans", json={**plan, "precision": "fp8"})
     assert unknown.status_code == 422 and "\n" not in unknown.json()["detail"]
