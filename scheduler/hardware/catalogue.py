@@ -13,7 +13,7 @@ and are matched case-insensitively.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 GIB = 2**30
@@ -110,6 +110,7 @@ A100_DS = (
     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 )
 
+# A part sold with less memory (or a faster one) is the listed part with what differs replaced.
 _GPUS = [
     GpuSpec(
         key="B200-180GB",
@@ -125,34 +126,30 @@ _GPUS = [
         segment="datacenter",
         architecture="blackwell",
     ),
-    GpuSpec(
-        key="GH200-96GB",
-        name="NVIDIA GH200 Grace Hopper Superchip (HBM3)",
-        peak_tflops=989.0,
-        fp32_tflops=67.0,
-        memory_gb=96,
-        bandwidth_gbps=4000,
-        tdp_w=1000,
-        interconnect="NVLink-C2C to Grace, 900 GB/s; NVLink 4, 900 GB/s",
-        source="NVIDIA GH200 Grace Hopper Superchip datasheet (module power 450-1000 W, "
-        "CPU included)",
-        url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
-        segment="datacenter",
-        architecture="hopper",
+    (
+        gh200 := GpuSpec(
+            key="GH200-96GB",
+            name="NVIDIA GH200 Grace Hopper Superchip (HBM3)",
+            peak_tflops=989.0,
+            fp32_tflops=67.0,
+            memory_gb=96,
+            bandwidth_gbps=4000,
+            tdp_w=1000,
+            interconnect="NVLink-C2C to Grace, 900 GB/s; NVLink 4, 900 GB/s",
+            source="NVIDIA GH200 Grace Hopper Superchip datasheet (module power 450-1000 W, "
+            "CPU included)",
+            url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+            segment="datacenter",
+            architecture="hopper",
+        )
     ),
-    GpuSpec(
+    replace(
+        gh200,
         key="GH200-144GB",
         name="NVIDIA GH200 Grace Hopper Superchip (HBM3e)",
-        peak_tflops=989.0,
-        fp32_tflops=67.0,
         memory_gb=144,
         bandwidth_gbps=4900,
-        tdp_w=1000,
-        interconnect="NVLink-C2C to Grace, 900 GB/s; NVLink 4, 900 GB/s",
         source="NVIDIA GH200 Grace Hopper Superchip datasheet, HBM3e version",
-        url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
-        segment="datacenter",
-        architecture="hopper",
     ),
     GpuSpec(
         key="H200-141GB",
@@ -225,37 +222,32 @@ _GPUS = [
         segment="datacenter",
         architecture="hopper",
     ),
-    GpuSpec(
-        key="A100-80GB",
-        name="NVIDIA A100 SXM4 80GB",
-        peak_tflops=312.0,
-        fp32_tflops=19.5,
-        memory_gb=80,
-        bandwidth_gbps=2039,
-        tdp_w=400,
-        interconnect="NVLink 3, 600 GB/s; PCIe 4.0 x16",
-        source="NVIDIA A100 datasheet (2021)",
-        url=A100_DS,
-        segment="datacenter",
-        architecture="ampere-ga100",
-        measured_gemm_tflops=230.0,
-        measured_bandwidth_gbps=1616.0,
-        measured_source=MLI,
+    (
+        a100 := GpuSpec(
+            key="A100-80GB",
+            name="NVIDIA A100 SXM4 80GB",
+            peak_tflops=312.0,
+            fp32_tflops=19.5,
+            memory_gb=80,
+            bandwidth_gbps=2039,
+            tdp_w=400,
+            interconnect="NVLink 3, 600 GB/s; PCIe 4.0 x16",
+            source="NVIDIA A100 datasheet (2021)",
+            url=A100_DS,
+            segment="datacenter",
+            architecture="ampere-ga100",
+            measured_gemm_tflops=230.0,
+            measured_bandwidth_gbps=1616.0,
+            measured_source=MLI,
+        )
     ),
-    GpuSpec(
+    replace(
+        a100,
         key="A100-40GB",
         name="NVIDIA A100 SXM4 40GB",
-        peak_tflops=312.0,
-        fp32_tflops=19.5,
         memory_gb=40,
         bandwidth_gbps=1555,
-        tdp_w=400,
-        interconnect="NVLink 3, 600 GB/s; PCIe 4.0 x16",
-        source="NVIDIA A100 datasheet (2021)",
-        url=A100_DS,
-        segment="datacenter",
-        architecture="ampere-ga100",
-        measured_gemm_tflops=230.0,
+        measured_bandwidth_gbps=None,
         measured_source=MLI + " (the 80 GB part; same chip and clocks)",
     ),
     GpuSpec(
@@ -445,68 +437,43 @@ _GPUS = [
         segment="workstation",
         architecture="ampere-ga10x",
     ),
-    GpuSpec(
-        key="V100-32GB",
-        name="NVIDIA V100 SXM2 32GB",
-        peak_tflops=125.0,
-        fp32_tflops=15.7,
-        memory_gb=32,
-        bandwidth_gbps=900,
-        tdp_w=300,
-        interconnect="NVLink 2, 300 GB/s",
-        source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)",
-        url=V100_DS,
-        segment="datacenter",
-        architecture="volta",
-        measured_gemm_tflops=95.0,
-        measured_bandwidth_gbps=784.0,
-        measured_source=MLI,
+    (
+        v100 := GpuSpec(
+            key="V100-32GB",
+            name="NVIDIA V100 SXM2 32GB",
+            peak_tflops=125.0,
+            fp32_tflops=15.7,
+            memory_gb=32,
+            bandwidth_gbps=900,
+            tdp_w=300,
+            interconnect="NVLink 2, 300 GB/s",
+            source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)",
+            url=V100_DS,
+            segment="datacenter",
+            architecture="volta",
+            measured_gemm_tflops=95.0,
+            measured_bandwidth_gbps=784.0,
+            measured_source=MLI,
+        )
     ),
-    GpuSpec(
-        key="V100-16GB",
-        name="NVIDIA V100 SXM2 16GB",
-        peak_tflops=125.0,
-        fp32_tflops=15.7,
-        memory_gb=16,
-        bandwidth_gbps=900,
-        tdp_w=300,
-        interconnect="NVLink 2, 300 GB/s",
-        source="NVIDIA V100 datasheet, SXM2 column, fp16 only (2018)",
-        url=V100_DS,
-        segment="datacenter",
-        architecture="volta",
-        measured_gemm_tflops=95.0,
-        measured_bandwidth_gbps=784.0,
-        measured_source=MLI,
+    replace(v100, key="V100-16GB", name="NVIDIA V100 SXM2 16GB", memory_gb=16),
+    (
+        v100_pcie := GpuSpec(
+            key="V100PCIE-32GB",
+            name="NVIDIA V100 PCIe 32GB",
+            peak_tflops=112.0,
+            fp32_tflops=14.0,
+            memory_gb=32,
+            bandwidth_gbps=900,
+            tdp_w=250,
+            interconnect="PCIe 3.0 x16, 32 GB/s",
+            source="NVIDIA V100 datasheet, PCIe column, fp16 only (2018)",
+            url=V100_DS,
+            segment="datacenter",
+            architecture="volta",
+        )
     ),
-    GpuSpec(
-        key="V100PCIE-32GB",
-        name="NVIDIA V100 PCIe 32GB",
-        peak_tflops=112.0,
-        fp32_tflops=14.0,
-        memory_gb=32,
-        bandwidth_gbps=900,
-        tdp_w=250,
-        interconnect="PCIe 3.0 x16, 32 GB/s",
-        source="NVIDIA V100 datasheet, PCIe column, fp16 only (2018)",
-        url=V100_DS,
-        segment="datacenter",
-        architecture="volta",
-    ),
-    GpuSpec(
-        key="V100PCIE-16GB",
-        name="NVIDIA V100 PCIe 16GB",
-        peak_tflops=112.0,
-        fp32_tflops=14.0,
-        memory_gb=16,
-        bandwidth_gbps=900,
-        tdp_w=250,
-        interconnect="PCIe 3.0 x16, 32 GB/s",
-        source="NVIDIA V100 datasheet, PCIe column, fp16 only (2018)",
-        url=V100_DS,
-        segment="datacenter",
-        architecture="volta",
-    ),
+    replace(v100_pcie, key="V100PCIE-16GB", name="NVIDIA V100 PCIe 16GB", memory_gb=16),
     GpuSpec(
         key="T4-16GB",
         name="NVIDIA T4",
