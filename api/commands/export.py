@@ -13,7 +13,6 @@ CHECKPOINT may be: :func:`read_any`. The mapping itself is in workers/models/hf.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 
 from api.commands.client import CLI_RETRY
 from api.commands.common import add_command
-from api.core.checkpoints import find_in_directory, read_durable
+from api.core.checkpoints import find_in_directory, read_durable, read_json
 from api.core.db import make_engine
 from api.core.settings import Settings
 from api.store import JobStore
@@ -92,12 +91,7 @@ def read_checkpoint(path: Path) -> tuple[ModelPreset, dict[str, Any], str | None
         raise HetschedError(f"checkpoint: no file {path}")
     if path.suffix == ".safetensors":
         sidecar = path.with_name(path.name + ".json")
-        try:
-            meta = json.loads(sidecar.read_text())
-        except OSError as exc:
-            raise HetschedError(f"checkpoint: cannot read {sidecar}: {exc.strerror}") from exc
-        except ValueError as exc:
-            raise HetschedError(f"checkpoint: {sidecar} is not valid JSON: {exc}") from exc
+        meta = read_json(sidecar)
         if not isinstance(meta, dict):
             raise HetschedError(f"checkpoint: {sidecar} must hold a JSON object")
         state = read_safetensors(path)

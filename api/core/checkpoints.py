@@ -45,15 +45,20 @@ def find_in_directory(path: Path) -> CheckpointInfo:
     return info
 
 
+def read_json(path: Path) -> Any:
+    """The JSON document of a checkpoint's ``path`` (manifest, sidecar), or a one-line error."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise HetschedError(f"checkpoint: cannot read {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise HetschedError(f"checkpoint: {path} is not valid JSON: {exc}") from exc
+
+
 def read_step_directory(path: Path) -> CheckpointInfo:
     """One checkpoint's directory, its manifest read and its parts verified."""
     where = path / MANIFEST
-    try:
-        manifest = json.loads(where.read_text())
-    except OSError as exc:
-        raise HetschedError(f"checkpoint: cannot read {where}: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise HetschedError(f"checkpoint: {where} is not valid JSON: {exc}") from exc
+    manifest = read_json(where)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
         raise HetschedError(f"checkpoint: {where} is not a hetsched manifest (no 'parts')")
     step = manifest.get("step")
