@@ -16,7 +16,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Literal
 
@@ -166,16 +166,14 @@ LEGACY_DATASET = (DEFAULT_USER, DEFAULT_PROJECT)
 before users existed)."""
 
 
+_PROJECT_COLUMNS = tuple(f.name for f in fields(ProjectRecord) if f.name != "created_at")
+"""What a project's record and its row hold alike: its name and quotas (a new quota is a
+field of both, and nothing else to write)."""
+
+
 def _project(row: ProjectRow) -> ProjectRecord:
-    return ProjectRecord(
-        name=row.name,
-        weight=row.weight,
-        max_devices=row.max_devices,
-        max_queued=row.max_queued,
-        max_priority=row.max_priority,
-        storage_bytes=row.storage_bytes,
-        created_at=utc(row.created_at) or now(),
-    )
+    copied = {name: getattr(row, name) for name in _PROJECT_COLUMNS}
+    return ProjectRecord(**copied, created_at=utc(row.created_at) or now())
 
 
 def _dataset(row: DatasetRow) -> DatasetOwner:
@@ -294,17 +292,8 @@ class AccountStore:
         with self._tx() as session:
             if session.get(ProjectRow, record.name) is not None:
                 raise AccountConflict(f"name: project {record.name!r} exists")
-            session.add(
-                ProjectRow(
-                    name=record.name,
-                    weight=record.weight,
-                    max_devices=record.max_devices,
-                    max_queued=record.max_queued,
-                    max_priority=record.max_priority,
-                    storage_bytes=record.storage_bytes,
-                    created_at=now(),
-                )
-            )
+            copied = {name: getattr(record, name) for name in _PROJECT_COLUMNS}
+            session.add(ProjectRow(**copied, created_at=now()))
         return record
 
     def set_quotas(self, name: str, **quotas: float | int | None) -> ProjectRecord:
