@@ -16,9 +16,24 @@ from workers.records import OptimizerConfig
 def single_device_losses(
     config: ModelPreset, optimizer: OptimizerConfig, *, seed: int, steps: int, global_batch: int
 ) -> list[float]:
-    """Full-batch AdamW on the bundled corpus, as the runtime schedules and clips it:
-    each step's loss."""
-    model = GPT(config, seed=seed)
+    """Each step's loss of :func:`single_device_training`."""
+    return single_device_training(
+        config, optimizer, seed=seed, steps=steps, global_batch=global_batch
+    )[1]
+
+
+def single_device_training(
+    config: ModelPreset,
+    optimizer: OptimizerConfig,
+    *,
+    seed: int,
+    steps: int,
+    global_batch: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[GPT, list[float]]:
+    """Full-batch AdamW on the bundled corpus, as the runtime schedules and clips it, in
+    ``dtype``: the trained model and each step's loss."""
+    model = GPT(config, seed=seed).to(dtype)
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=optimizer.lr,
@@ -40,4 +55,4 @@ def single_device_losses(
             torch.nn.utils.clip_grad_norm_(model.parameters(), optimizer.grad_clip)
         opt.step()
         losses.append(float(loss.detach()))
-    return losses
+    return model, losses

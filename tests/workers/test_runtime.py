@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from scheduler.planning.plan import Plan
+from tests.reference import single_device_training
 from tests.support import TINY, make_cluster, manual_plan
-from workers.data.dataset import ByteDataset
-from workers.models.gpt import GPT, lm_loss_sum
+from workers.models.gpt import GPT
 from workers.records import TrainResult
 from workers.session import OptimizerConfig, Recorder, RunConfig, WorkerError, WorkerPool, train
 
@@ -37,24 +37,6 @@ def _train(plan: Plan, cache_dir, pool, *, steps: int, seed: int, **options: Any
     )
 
 
-def single_process_params(*, steps: int, global_batch: int, seed: int) -> torch.Tensor:
-    """Plain full-batch AdamW training in this process, in float64: the reference."""
-    model = GPT(TINY, seed=seed).double()
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), weight_decay=OPT.weight_decay
-    )
-    data = ByteDataset(None, seq_len=TINY.seq_len)
-    for step in range(steps):
-        x, y = data.device_batch(
-            seed=seed, step=step, global_batch=global_batch, offset=0, samples=global_batch
-        )
-        opt.zero_grad()
-        loss = lm_loss_sum(model(x), y) / (global_batch * TINY.seq_len)
-        loss.backward()
-        opt.step()
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
 def test_uneven_three_device_split_matches_single_process_training(cache_dir, mixed_pool) -> None:
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
@@ -72,7 +54,10 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
     model = GPT(TINY, seed=5).double()
     model.load_state_dict(result.state["model"])
     got = torch.cat([p.detach().flatten() for p in model.parameters()])
-    want = single_process_params(steps=4, global_batch=12, seed=5)
+    reference, _ = single_device_training(
+        TINY, OPT, seed=5, steps=4, global_batch=12, dtype=torch.float64
+    )
+    want = torch.cat([p.detach().flatten() for p in reference.parameters()])
     assert (got - want).abs().max().item() < 1e-5
 
 
