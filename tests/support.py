@@ -293,3 +293,8 @@ def uvicorn_thread(app: Any, *, start_s: float = SERVE_START_S) -> Iterator[str]
     finally:
         server.should_exit = True
         thread.join(SERVE_EXIT_S)
+
+
+MIXED_CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
+"""An A100, a T4 and an L4 (``a/0``, ``a/1``, ``a/2``): what tests/workers' ``mixed_pool``
+holds, so a run on that pool names the same cluster."""

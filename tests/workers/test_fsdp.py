@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.cost.profile import analytic_profile
 from scheduler.planning.planner import make_plan
-from tests.support import TINY, make_cluster, manual_plan
+from tests.support import MIXED_CLUSTER, TINY, make_cluster, manual_plan
 from workers.session import (
     Checkpointing,
     CheckpointStore,
@@ -28,7 +28,6 @@ from workers.session import (
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 OPT = OptimizerConfig(lr=3e-3, grad_clip=0.5)
 SEED = 7
 DP = manual_plan([("a/0", 6, 6), ("a/1", 2, 2), ("a/2", 4, 2)])
@@ -36,7 +35,7 @@ FSDP = manual_plan([("a/0", 8, 3, 0.5), ("a/1", 0, 0, 0.35), ("a/2", 4, 4, 0.15)
 """The T4 owns 35 % of the states and computes nothing; the A100 runs three micro-batches."""
 
 
-def _train(plan, cache_dir, pool, *, steps: int, cluster=CLUSTER, **options):
+def _train(plan, cache_dir, pool, *, steps: int, cluster=MIXED_CLUSTER, **options):
     return train(
         cluster=cluster,
         model=TINY,

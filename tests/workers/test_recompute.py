@@ -6,14 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from tests.support import TINY, make_cluster, manual_plan
+from tests.support import MIXED_CLUSTER, TINY, manual_plan
 from workers.devices.device import model_state_bytes
 from workers.models.gpt import GPT
 from workers.session import OptimizerConfig, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
-
-CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 
 
 def test_a_plan_recomputing_on_some_devices_trains_exactly_as_one_that_does_not(
@@ -23,7 +21,7 @@ def test_a_plan_recomputing_on_some_devices_trains_exactly_as_one_that_does_not(
     modes = {"a/0": "full", "a/1": "selective", "a/2": "none"}
     mixed = replace(plain, devices=tuple(replace(d, recompute=modes[d.id]) for d in plain.devices))
     common = dict(
-        cluster=CLUSTER,
+        cluster=MIXED_CLUSTER,
         model=TINY,
         steps=3,
         seed=7,

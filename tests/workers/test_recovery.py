@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.planning.plan import Plan
-from tests.support import TINY, make_cluster, manual_plan, pipeline_stage
+from tests.support import MIXED_CLUSTER, TINY, manual_plan, pipeline_stage
 from workers.session import (
     Checkpointing,
     CheckpointStore,
@@ -26,7 +26,6 @@ from workers.session import (
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH = 4, 8, 12
 DP = manual_plan([("a/0", 6, 6), ("a/1", 2, 2), ("a/2", 4, 2)])
@@ -61,7 +60,7 @@ def pp_plan(strategy: str = "pp") -> Plan:
 
 @pytest.fixture(scope="module")
 def pool():
-    p = WorkerPool(CLUSTER, simulated=True)
+    p = WorkerPool(MIXED_CLUSTER, simulated=True)
     yield p
     p.shutdown()
 
@@ -80,7 +79,7 @@ def reference(pool, cache_dir):
 def _run_on(pool, cache_dir) -> dict:
     """What every run of this module shares: the cluster, model, seed and optimizer."""
     return dict(
-        cluster=CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
+        cluster=MIXED_CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
     )
 
 

@@ -12,21 +12,20 @@ import torch
 
 from scheduler.planning.plan import Plan
 from tests.reference import single_device_training
-from tests.support import TINY, make_cluster, manual_plan
+from tests.support import MIXED_CLUSTER, TINY, manual_plan
 from workers.models.gpt import GPT
 from workers.records import TrainResult
 from workers.session import OptimizerConfig, Recorder, RunConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 OPT = OptimizerConfig(lr=3e-3)
 
 
 def _train(plan: Plan, cache_dir, pool, *, steps: int, seed: int, **options: Any) -> TrainResult:
     """``plan`` trained on this module's cluster with gpt-tiny; ``options`` as ``train``'s."""
     return train(
-        cluster=CLUSTER,
+        cluster=MIXED_CLUSTER,
         model=TINY,
         plan=plan,
         steps=steps,
@@ -91,7 +90,7 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
     """Runs reuse the pool's processes; SIGKILL of one ends that run in bounded time with an
     error naming the device, and the next run gets a fresh worker for it."""
     plan = manual_plan([("a/0", 4, 4), ("a/1", 2, 2), ("a/2", 2, 2)])
-    pool = WorkerPool(CLUSTER, simulated=True)
+    pool = WorkerPool(MIXED_CLUSTER, simulated=True)
     try:
         first = _train(plan, cache_dir, pool, steps=2, seed=0)
         pids = pool.pids()
