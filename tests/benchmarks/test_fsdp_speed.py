@@ -23,31 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
-from tests.benchmarks.conftest import paced_local_ray
+from tests.benchmarks.conftest import big_and_small_a100s, paced_local_ray
 
 TINY = get_preset("gpt-tiny")
 GLOBAL_BATCH = 32
 STEPS = 6
-CLUSTER = parse_cluster(
-    {
-        "name": "one-big",
-        "nodes": [
-            {"name": "a", "devices": [{"type": "A100-80GB", "count": 1}]},
-            {"name": "b", "devices": [{"type": "A100-40GB", "count": 3}]},
-        ],
-        "simulation": {"memory_scale": 0.0003},
-    }
-)
-PACING_MARGIN = "8"
-"""As tests/benchmarks/test_pipeline_auto.py: four actors finish inside their pacing."""
+CLUSTER = big_and_small_a100s("one-big", num_80gb=1, num_40gb=3)
 
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    with paced_local_ray(CLUSTER, PACING_MARGIN):
+    with paced_local_ray(CLUSTER):
         yield
 
 
