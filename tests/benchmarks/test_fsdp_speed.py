@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
 from tests.benchmarks.conftest import big_and_small_a100s, paced_local_ray
+from tests.support import TINY
 
-TINY = get_preset("gpt-tiny")
 GLOBAL_BATCH = 32
 STEPS = 6
 CLUSTER = big_and_small_a100s("one-big", num_80gb=1, num_40gb=3)

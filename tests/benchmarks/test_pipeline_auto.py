@@ -29,8 +29,8 @@ from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
 from tests.benchmarks.conftest import big_and_small_a100s, paced_local_ray
+from tests.support import TINY
 
-TINY = get_preset("gpt-tiny")
 GLOBAL_BATCH = 32
 STEPS = 6
 CLUSTER = big_and_small_a100s("half-small", num_80gb=2, num_40gb=2)
