@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -133,14 +134,19 @@ AdminAuth = Depends(require_admin)
 ReaderDep = Annotated[Principal, ReadAuth]
 ActorDep = Annotated[Principal, Auth]
 AdminDep = Annotated[Principal, AdminAuth]
-UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorPublic, "description": "Token missing or wrong"}
-}
+Responses = dict[int | str, dict[str, Any]]
+"""A route's documented ``responses=``."""
+
+
+def errors(descriptions: Mapping[int, str]) -> Responses:
+    """The documented error answers of a route: each status an :class:`ErrorPublic`,
+    described as given."""
+    return {code: {"model": ErrorPublic, "description": why} for code, why in descriptions.items()}
+
+
+UNAUTHORIZED = errors({401: "Token missing or wrong"})
 """What a route that depends on ``Auth`` adds to its documented ``responses``."""
-ADMIN_ONLY: dict[int | str, dict[str, Any]] = {
-    **UNAUTHORIZED,
-    403: {"model": ErrorPublic, "description": "Not an admin's token"},
-}
+ADMIN_ONLY = {**UNAUTHORIZED, **errors({403: "Not an admin's token"})}
 
 
 def get_job(job_id: str, store: StoreDep, principal: ReaderDep) -> JobRecord:

@@ -7,10 +7,10 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from api.deps import ADMIN_ONLY, AdminAuth, AdminDep, StateDep
+from api.deps import ADMIN_ONLY, AdminAuth, AdminDep, StateDep, errors
 from api.schemas.cluster import ClusterPublic, DeviceFailure, DeviceSlowdown
 from api.schemas.profiles import ProfileCreate, ProfilePublic
-from api.schemas.service import ErrorPublic, Message
+from api.schemas.service import Message
 from api.services import check_devices, model_from_ref
 from api.views import cluster_public, profile_public
 
@@ -28,10 +28,7 @@ def read_cluster(state: StateDep) -> ClusterPublic:
     "/profile",
     response_model=ProfilePublic,
     dependencies=[AdminAuth],
-    responses={
-        **ADMIN_ONLY,
-        409: {"model": ErrorPublic, "description": "Cluster unavailable or devices busy"},
-    },
+    responses={**ADMIN_ONLY, **errors({409: "Cluster unavailable or devices busy"})},
 )
 def profile_cluster(spec: ProfileCreate, state: StateDep, principal: AdminDep) -> ProfilePublic:
     """Measure the devices for a model (cached unless ``refresh``); admins only."""
@@ -58,10 +55,9 @@ def profile_cluster(spec: ProfileCreate, state: StateDep, principal: AdminDep) -
 
 # --- fault injection on a simulated cluster ----------------------------------------
 
-FAULT_ERRORS: dict[int | str, dict[str, Any]] = {
+FAULT_ERRORS = {
     **ADMIN_ONLY,
-    404: {"model": ErrorPublic, "description": "No such device"},
-    409: {"model": ErrorPublic, "description": "Not a simulated cluster, or unavailable"},
+    **errors({404: "No such device", 409: "Not a simulated cluster, or unavailable"}),
 }
 
 

@@ -28,9 +28,18 @@ from api.accounts import (
     may_use_dataset,
     visible_projects,
 )
-from api.deps import UNAUTHORIZED, ActorDep, Auth, ReadAuth, ReaderDep, StateDep, check_project
+from api.deps import (
+    UNAUTHORIZED,
+    ActorDep,
+    Auth,
+    ReadAuth,
+    ReaderDep,
+    StateDep,
+    check_project,
+    errors,
+)
 from api.schemas.datasets import DatasetListed, DatasetPublic, DatasetsPublic
-from api.schemas.service import ErrorPublic, Message
+from api.schemas.service import Message
 from api.schemas.users import ACCOUNT_PATTERN
 from api.services import list_datasets
 from scheduler.errors import HetschedError
@@ -142,8 +151,7 @@ def _check_content(name: str, part: Path, root: Path) -> None:
     dependencies=[Auth],
     responses={
         **UNAUTHORIZED,
-        409: {"model": ErrorPublic, "description": "A file of that name exists"},
-        413: {"model": ErrorPublic, "description": "Larger than HETSCHED_MAX_UPLOAD_BYTES"},
+        **errors({409: "A file of that name exists", 413: "Larger than HETSCHED_MAX_UPLOAD_BYTES"}),
     },
     # The body is the file itself, streamed: documented here, read from the request.
     openapi_extra={
@@ -256,8 +264,9 @@ def _upload_limit(state: StateDep, project: str) -> tuple[int, str | None]:
     response_model=Message,
     responses={
         **UNAUTHORIZED,
-        404: {"model": ErrorPublic, "description": "No such dataset (or another project's)"},
-        409: {"model": ErrorPublic, "description": "An unfinished job trains on it"},
+        **errors(
+            {404: "No such dataset (or another project's)", 409: "An unfinished job trains on it"}
+        ),
     },
 )
 def delete_dataset(name: str, state: StateDep, principal: ActorDep) -> Message:

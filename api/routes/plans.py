@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import UNAUTHORIZED, Auth, StateDep
+from api.deps import UNAUTHORIZED, Auth, StateDep, errors
 from api.schemas.plans import PlanCreate, PlanPreview
-from api.schemas.service import ErrorPublic
 from api.services import check_devices, dry_run, model_from_ref
 from api.views import plan_public
 from scheduler.hardware.precision import device_precisions
@@ -19,7 +18,7 @@ router = APIRouter(prefix="/plans", tags=["plans"])
     response_model=PlanPreview,
     dependencies=[Auth],
     responses={
-        409: {"model": ErrorPublic, "description": "Nothing fits, or a device lacks the precision"},
+        **errors({409: "Nothing fits, or a device lacks the precision"}),
         **UNAUTHORIZED,
     },
 )

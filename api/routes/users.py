@@ -7,8 +7,6 @@ single-user, and the first user's token would lock the loopback user out.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, HTTPException, status
 
 from api.accounts import (
@@ -18,8 +16,7 @@ from api.accounts import (
     UserRecord,
 )
 from api.core.db import now
-from api.deps import ADMIN_ONLY, UNAUTHORIZED, AdminDep, ReaderDep, StateDep, single_user
-from api.schemas.service import ErrorPublic
+from api.deps import ADMIN_ONLY, UNAUTHORIZED, AdminDep, ReaderDep, StateDep, errors, single_user
 from api.schemas.users import (
     Me,
     ProjectCreate,
@@ -35,12 +32,8 @@ from api.schemas.users import (
 users = APIRouter(prefix="/users", tags=["users"])
 projects = APIRouter(prefix="/projects", tags=["users"])
 
-CONFLICT: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorPublic, "description": "The name exists, or no admin token"}
-}
-MISSING: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorPublic, "description": "No such user or project"}
-}
+CONFLICT = errors({409: "The name exists, or no admin token"})
+MISSING = errors({404: "No such user or project"})
 
 
 def _public(user: UserRecord) -> UserPublic:
