@@ -7,6 +7,7 @@ works unchanged: only portable column types, JSON documents stored as text.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -48,6 +49,11 @@ class Base(DeclarativeBase):
     pass
 
 
+def _time(*, nullable: bool = False, index: bool | None = None) -> MappedColumn[Any]:
+    """A moment, stored with its time zone (rows are written with :func:`now`'s UTC)."""
+    return mapped_column(DateTime(timezone=True), nullable=nullable, index=index)
+
+
 def _job_id(*, primary_key: bool = False, index: bool = False) -> MappedColumn[str]:
     """The job a row belongs to; deleting the job deletes its rows."""
     return mapped_column(
@@ -80,9 +86,9 @@ class JobRow(Base):
     predicted_step_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     measured_step_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = _time()
+    started_at: Mapped[datetime | None] = _time(nullable=True)
+    ended_at: Mapped[datetime | None] = _time(nullable=True)
     owner: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_USER)
     """The user who submitted it (api/accounts.py)."""
     project: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_PROJECT, index=True)
@@ -98,7 +104,7 @@ class StepRow(Base):
     step_s: Mapped[float] = mapped_column(Float)
     samples_per_s: Mapped[float] = mapped_column(Float)
     devices_json: Mapped[str] = mapped_column(Text)
-    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    time: Mapped[datetime] = _time()
     val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     """Validation loss after the step; NULL on steps without an evaluation."""
 
@@ -110,7 +116,7 @@ class LogRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = _job_id(index=True)
-    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    time: Mapped[datetime] = _time()
     level: Mapped[str] = mapped_column(String(8))
     message: Mapped[str] = mapped_column(Text)
 
@@ -125,7 +131,7 @@ class ProfileRow(Base):
     cluster: Mapped[str] = mapped_column(String(200))
     source: Mapped[str] = mapped_column(String(16))
     profile_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _time()
 
 
 class EventRow(Base):
@@ -135,7 +141,7 @@ class EventRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = _job_id(index=True)
-    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    time: Mapped[datetime] = _time()
     kind: Mapped[str] = mapped_column(String(16))
     step: Mapped[int] = mapped_column(Integer)
     data_json: Mapped[str] = mapped_column(Text)
@@ -147,8 +153,8 @@ class CheckpointRow(Base):
     job_id: Mapped[str] = _job_id(primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     uri: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = _time()
+    pruned_at: Mapped[datetime | None] = _time(nullable=True)
     """When retention removed it (its download then answers 410); NULL while kept."""
 
 
@@ -161,8 +167,8 @@ class UserRow(Base):
     token_sha256: Mapped[str | None] = mapped_column(String(64), unique=True, nullable=True)
     """Hex digest of the token; NULL for the built-in admin (HETSCHED_API_TOKEN)."""
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = _time()
+    revoked_at: Mapped[datetime | None] = _time(nullable=True)
 
 
 class ProjectRow(Base):
@@ -177,7 +183,7 @@ class ProjectRow(Base):
     max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_priority: Mapped[float | None] = mapped_column(Float, nullable=True)
     storage_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _time()
 
 
 class MembershipRow(Base):
@@ -200,7 +206,7 @@ class DatasetRow(Base):
     owner: Mapped[str] = mapped_column(String(64))
     project: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _time()
 
 
 class AuditRow(Base):
@@ -209,7 +215,7 @@ class AuditRow(Base):
     __tablename__ = "audit"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    time: Mapped[datetime] = _time(index=True)
     actor: Mapped[str] = mapped_column(String(64))
     action: Mapped[str] = mapped_column(String(32), index=True)
     target: Mapped[str] = mapped_column(String(200))
