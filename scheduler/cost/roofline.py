@@ -45,6 +45,11 @@ WEIGHT_READS_PER_MICRO_BATCH = 3
 BYTES_16BIT = 2
 LOGITS_FP32_PASSES = 4
 """The fp32 logits: written, read by the softmax, its gradient written and read."""
+ADAMW_BYTES_PER_PARAM = 28
+"""Bytes a fused (multi-tensor) mixed-precision AdamW step streams per parameter, once per
+optimizer step: the fp32 master weight and both fp32 moments read and written (24), the
+16-bit gradient read (2) and the 16-bit working weight written (2). The states are ZeRO's 16
+bytes per parameter (Rajbhandari et al., SC'20, §3.1); a streaming kernel touches each once."""
 
 GEMM_SHARE: dict[Segment, float] = {"datacenter": 0.75, "workstation": 0.61, "geforce": 1.0}
 """Share of ``peak_tflops`` a large fp16 GEMM sustains, by segment, for parts without a
@@ -227,6 +232,13 @@ def head_time(model: ModelPreset, rates: Rates) -> PieceTime:
         fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S + WEIGHT_READS_PER_MICRO_BATCH * weight_read_s,
         per_sample_s=projection + logits,
     )
+
+
+def optimizer_step_s(num_params: int, rates: Rates) -> float:
+    """One mixed-precision AdamW step over ``num_params`` parameters: bandwidth only
+    (:data:`ADAMW_BYTES_PER_PARAM`). Paid once per training step, whatever the number of
+    micro-batches, so it weighs most on a device that fits small ones."""
+    return ADAMW_BYTES_PER_PARAM * num_params / rates.bytes_per_s
 
 
 def embed_time(model: ModelPreset, rates: Rates) -> PieceTime:
