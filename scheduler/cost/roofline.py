@@ -23,8 +23,11 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   its score matrix through every elementwise step (:data:`MATH_SCORE_PASSES`);
   the fused kernels run at :data:`FUSED_ATTENTION_SHARE` of the GEMM rate.
 
-Checked against published per-layer measurements by
-tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
+- **the optimizer step**: a fused AdamW streams every parameter's states once per
+  step (:func:`optimizer_step_s`), at the streaming bandwidth.
+
+Checked against two published studies (per-layer and whole-step measurements on eleven
+GPU types) by tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
 from __future__ import annotations

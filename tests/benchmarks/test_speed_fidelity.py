@@ -217,6 +217,39 @@ def pair_errors(rows: list[Row]) -> list[tuple[Row, Row, float]]:
     return out
 
 
+def _chip(gpu_key: str) -> tuple[str, float, float, float]:
+    """What sets a card's speed in the catalogue; keys of one chip at one clock, power and
+    bandwidth (the V100 16 and 32 GB) share it."""
+    gpu = lookup(gpu_key)
+    return (gpu.architecture, gpu.peak_tflops, gpu.bandwidth_gbps, gpu.tdp_w)
+
+
+def cross_study_ratios(rows: list[Row]) -> dict[tuple[str, str], list[tuple[Row, float, float]]]:
+    """For every two chips measured together in more than one study, each group's
+    ``(row of the first, measured ratio, analytic ratio)``, keyed by the two chips' first
+    catalogue keys: how far one pair's measured ratio moves between workloads and studies
+    while its catalogue figures stay put, a floor no model of the hardware alone gets under."""
+    names: dict[tuple[str, float, float, float], str] = {}
+    for r in sorted(rows, key=lambda r: r.gpu):
+        names.setdefault(_chip(r.gpu), r.gpu)
+    out: dict[tuple[str, str], list[tuple[Row, float, float]]] = {}
+    for members in _groups(rows).values():
+        ordered = sorted(members, key=lambda r: names[_chip(r.gpu)])
+        for x, y in itertools.combinations(ordered, 2):
+            key = (names[_chip(x.gpu)], names[_chip(y.gpu)])
+            ratios = (x.measured / y.measured, x.predicted() / y.predicted())
+            out.setdefault(key, []).append((x, *ratios))
+    return {k: v for k, v in out.items() if len({x.study for x, *_ in v}) > 1}
+
+
+def _print_cross_study(rows: list[Row]) -> None:
+    print("\nthe same two chips across studies and workloads (measured ratio, analytic ratio):")
+    for (a, b), groups in cross_study_ratios(rows).items():
+        measured = [m for _, m, _ in groups]
+        cells = ", ".join(f"{x.workload} {m:.2f}/{p:.2f}" for x, m, p in groups)
+        print(f"  {a} / {b}: spread {max(measured) / min(measured) - 1:.0%}: {cells}")
+
+
 def _summary(errors: list[float]) -> str:
     return f"median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}"
 
@@ -261,15 +294,18 @@ def test_analytic_relative_speeds_match_published_measurements() -> None:
     rows = load_rows()
     fitted = [r for r in rows if r.role == "fitted"]
     held_out = [r for r in rows if r.role == "held_out"]
-    _print_cases("fitted rows (model inputs), against the group's geometric mean", against_geomean(fitted))
+    _print_cases(
+        "fitted rows (model inputs), against the group's geometric mean", against_geomean(fitted)
+    )
     cases = against_geomean(held_out)
     _print_cases("held-out rows, against the group's geometric mean", cases)
     for study in sorted({r.study for r in held_out}):
         errors = [abs(c.error) for c in cases if c.row.study == study]
         print(f"  {study}: {_summary(errors)}")
     _print_pairs("held-out, every pair within a group", pair_errors(held_out))
+    _print_cross_study(held_out)
     reference = against_reference(held_out)
-    print(f"\nheld-out, against the group's {REFERENCE}: {_summary([abs(c.error) for c in reference])}")
+    print(f"\nheld-out, against the {REFERENCE}: {_summary([abs(c.error) for c in reference])}")
     errors = [abs(c.error) for c in cases]
     assert statistics.median(errors) < MEDIAN_TARGET
     assert max(errors) < WORST_TARGET

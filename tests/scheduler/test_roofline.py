@@ -24,10 +24,12 @@ import pytest
 
 from scheduler.cost.profile import analytic_profile
 from scheduler.cost.roofline import (
+    ADAMW_BYTES_PER_PARAM,
     POWER_CAPPED_W,
     TFLOPS_PER_W,
     Rates,
     block_time,
+    optimizer_step_s,
     sustained_gemm_tflops,
 )
 from scheduler.hardware.catalogue import CATALOGUE, lookup
@@ -156,3 +158,24 @@ def test_recomputation_costs_time_as_the_analytic_ratios_say() -> None:
     assert full.per_sample_s == pytest.approx(plain.per_sample_s * 4 / 3)
     assert plain.per_sample_s < selective.per_sample_s < 1.05 * plain.per_sample_s
     assert full.fixed_s > plain.fixed_s  # the weights are read once more
+
+
+def test_the_adamw_step_streams_every_state_once_at_the_sustained_bandwidth() -> None:
+    # 1.3B parameters: 36 GB streamed, about 23 ms on an A100 and twice that on a V100,
+    # whatever the micro-batch (the step is paid once per training step).
+    a100, v100 = Rates.of(lookup("A100-80GB")), Rates.of(lookup("V100-32GB"))
+    params = 1_300_000_000
+    assert optimizer_step_s(params, a100) == pytest.approx(ADAMW_BYTES_PER_PARAM * params / 1616e9)
+    assert optimizer_step_s(params, v100) / optimizer_step_s(params, a100) == pytest.approx(
+        1616 / 784
+    )
+
+
+def test_a100_pcie_parts_sustain_less_than_the_sxm_part() -> None:
+    # Same chip and peak; a 300 W (80 GB) or 250 W (40 GB) board and less bandwidth: slower
+    # in matrix products (Bekman's measured PCIe/SXM ratio) and in streaming kernels.
+    sxm = Rates.of(lookup("A100-80GB"))
+    for key in ("A100PCIE-80GB", "A100PCIE-40GB"):
+        pcie = Rates.of(lookup(key))
+        assert pcie.flops_per_s < sxm.flops_per_s, key
+        assert pcie.bytes_per_s < sxm.bytes_per_s, key
