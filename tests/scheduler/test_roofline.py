@@ -29,6 +29,7 @@ from scheduler.cost.roofline import (
     TFLOPS_PER_W,
     Rates,
     block_time,
+    dvfs_capped_tflops,
     optimizer_step_s,
     sustained_gemm_tflops,
 )
@@ -112,9 +113,31 @@ def test_70_watt_cards_throttle_far_below_their_peak() -> None:
     assert sustained_gemm_tflops(lookup("L4-24GB")) < 0.35 * sustained_gemm_tflops(
         lookup("V100-32GB")
     )
-    # a card above the cap keeps its segment's share
-    a10 = lookup("A10-24GB")
-    assert sustained_gemm_tflops(a10) == pytest.approx(0.75 * a10.peak_tflops)
+    # a datacenter card above the cap without a capped card of its architecture keeps its
+    # segment's share
+    a30 = lookup("A30-24GB")
+    assert sustained_gemm_tflops(a30) == pytest.approx(0.75 * a30.peak_tflops)
+
+
+def test_a_150_watt_a10_sustains_what_dynamic_power_leaves_of_a_300_watt_a6000() -> None:
+    # Same GA102 chip: the A6000 sustains 95 TFLOP/s at 300 W (measured). At half the power
+    # and 0.81x its peak the A10 gets 95 x 0.81^(2/3) x 0.5^(1/3), about 65, not the 94 its
+    # segment's share of peak would give, nor the 47.5 a linear per-watt bound would.
+    a10, a6000 = lookup("A10-24GB"), lookup("A6000-48GB")
+    assert dvfs_capped_tflops(a10) == pytest.approx(
+        95 * (a10.peak_tflops / a6000.peak_tflops) ** (2 / 3) * 0.5 ** (1 / 3)
+    )
+    assert sustained_gemm_tflops(a10) == pytest.approx(65.4, abs=0.5)
+    assert a10.tdp_w * TFLOPS_PER_W["ampere-ga10x"] < sustained_gemm_tflops(a10)
+    assert sustained_gemm_tflops(a10) < 0.75 * a10.peak_tflops
+    # the reference itself, GeForce cards and the 70 W cards keep their own rules
+    assert dvfs_capped_tflops(a6000) == pytest.approx(95)
+    assert dvfs_capped_tflops(lookup("RTX3090-24GB")) is None
+    assert dvfs_capped_tflops(lookup("A2-16GB")) is None
+    # a spec's peak override scales the capped rate too
+    assert sustained_gemm_tflops(a10, peak_tflops=62.5) == pytest.approx(
+        sustained_gemm_tflops(a10) / 2
+    )
 
 
 def test_a_spec_peak_override_scales_the_sustained_rate() -> None:
