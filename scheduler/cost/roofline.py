@@ -29,7 +29,7 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
 - **the optimizer step**: a fused AdamW streams every parameter's states once per
   step (:func:`optimizer_step_s`), at the streaming bandwidth.
 
-Checked against two published studies (per-layer and whole-step measurements on eleven
+Checked against two published studies (per-layer and whole-step measurements on twelve
 GPU types) by tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
