@@ -15,7 +15,10 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
 - **power-capped cards** (at most :data:`POWER_CAPPED_W`: T4, L4, A2, A16) run
   matrix products far below peak because the cap, not the clock, binds: at most
   ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
-  (:data:`TFLOPS_PER_W`).
+  (:data:`TFLOPS_PER_W`). Cards above it whose architecture has a card measured at a
+  binding cap (:data:`CAPPED_REFERENCE`) scale from that card by dynamic power
+  (:func:`dvfs_capped_tflops`): a 150 W A10 sustains about two thirds of what a 300 W
+  A6000 of the same chip does, not the 94 TFLOP/s its segment's share of peak gives.
 - **memory-bound kernels** (norms, activations, residuals, softmax, the fp32
   cross-entropy, weight reads) stream at a published measured bandwidth where
   there is one, else at :data:`BANDWIDTH_SHARE` of the datasheet's.
@@ -23,15 +26,19 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   its score matrix through every elementwise step (:data:`MATH_SCORE_PASSES`);
   the fused kernels run at :data:`FUSED_ATTENTION_SHARE` of the GEMM rate.
 
-Checked against published per-layer measurements by
-tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
+- **the optimizer step**: a fused AdamW streams every parameter's states once per
+  step (:func:`optimizer_step_s`), at the streaming bandwidth.
+
+Checked against two published studies (per-layer and whole-step measurements on twelve
+GPU types) by tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from scheduler.hardware.catalogue import GpuSpec, Segment
+from scheduler.hardware.catalogue import GpuSpec, Segment, lookup
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import ModelPreset
 
@@ -45,6 +52,11 @@ WEIGHT_READS_PER_MICRO_BATCH = 3
 BYTES_16BIT = 2
 LOGITS_FP32_PASSES = 4
 """The fp32 logits: written, read by the softmax, its gradient written and read."""
+ADAMW_BYTES_PER_PARAM = 28
+"""Bytes a fused (multi-tensor) mixed-precision AdamW step streams per parameter, once per
+optimizer step: the fp32 master weight and both fp32 moments read and written (24), the
+16-bit gradient read (2) and the 16-bit working weight written (2). The states are ZeRO's 16
+bytes per parameter (Rajbhandari et al., SC'20, §3.1); a streaming kernel touches each once."""
 
 GEMM_SHARE: dict[Segment, float] = {"datacenter": 0.75, "workstation": 0.61, "geforce": 1.0}
 """Share of ``peak_tflops`` a large fp16 GEMM sustains, by segment, for parts without a
@@ -63,6 +75,10 @@ TFLOPS_PER_W: dict[str, float] = {
 card of it: T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462), RTX A6000 95
 at its 300 W cap and RTX 4090 172 at 450 W (Mu Li's transformers-benchmarks; the 4090
 figure is a lower bound, its cap may not bind)."""
+CAPPED_REFERENCE: dict[str, tuple[str, float]] = {"ampere-ga10x": ("A6000-48GB", 95.0)}
+"""Per architecture, a non-GeForce card measured at a cap that binds, and its sustained
+fp16 GEMM TFLOP/s: the RTX A6000 reaches 95 of its 154.8 at 300 W (Mu Li's
+transformers-benchmarks), where the uncapped datacenter parts reach about 0.75 of peak."""
 BANDWIDTH_SHARE = 0.85
 """Share of datasheet bandwidth streaming kernels reach where none is measured: the
 median of the measured A100 (0.79), A6000 (0.85), V100 (0.87), RTX 3090 Ti (0.85) and
@@ -78,6 +94,27 @@ forward + backward: FlashAttention-2 reaches 50–73 % of the A100's peak (Dao, 
 against about 74 % for a large GEMM."""
 
 
+def dvfs_capped_tflops(gpu: GpuSpec) -> float | None:
+    """The GEMM rate ``gpu``'s board power allows, scaled from its architecture's capped
+    reference card (:data:`CAPPED_REFERENCE`); None where there is none (or for GeForce
+    cards, whose half-rate fp32-accumulate math draws a different power per FLOP).
+
+    Dynamic power is ``C·V²·f`` (Hennessy & Patterson, *Computer Architecture: A
+    Quantitative Approach*, 6th ed., §1.5) and a card under its cap lowers voltage with
+    clock, so power grows as ``n·f³`` for ``n`` units at clock ``f``. The rate ``n·f`` at
+    power ``P`` is then ``∝ n^(2/3)·P^(1/3)``; with ``n`` in proportion to the datasheet
+    peak (same architecture, same FLOPs per unit and clock, boost clocks within 10 %):
+    ``rate = ref_rate · (peak / ref_peak)^(2/3) · (TDP / ref_TDP)^(1/3)``. Below
+    :data:`POWER_CAPPED_W` leakage and memory power dominate and the linear per-watt bound
+    (:data:`TFLOPS_PER_W`) applies instead."""
+    reference = CAPPED_REFERENCE.get(gpu.architecture)
+    if reference is None or gpu.segment == "geforce" or gpu.tdp_w <= POWER_CAPPED_W:
+        return None
+    ref = lookup(reference[0])
+    units = math.pow(gpu.peak_tflops / ref.peak_tflops, 2 / 3)
+    return reference[1] * units * math.cbrt(gpu.tdp_w / ref.tdp_w)
+
+
 def sustained_gemm_tflops(gpu: GpuSpec, *, peak_tflops: float | None = None) -> float:
     """TFLOP/s ``gpu`` sustains in a training step's matrix products (module docstring).
 
@@ -91,6 +128,9 @@ def sustained_gemm_tflops(gpu: GpuSpec, *, peak_tflops: float | None = None) -> 
     per_watt = TFLOPS_PER_W.get(gpu.architecture)
     if gpu.tdp_w <= POWER_CAPPED_W and per_watt is not None:
         rate = min(rate, gpu.tdp_w * per_watt)
+    capped = dvfs_capped_tflops(gpu)
+    if capped is not None and gpu.measured_gemm_tflops is None:
+        rate = min(rate, capped * peak / gpu.peak_tflops)
     return rate
 
 
@@ -227,6 +267,13 @@ def head_time(model: ModelPreset, rates: Rates) -> PieceTime:
         fixed_s=LAUNCH_OVERHEAD_PER_LAYER_S + WEIGHT_READS_PER_MICRO_BATCH * weight_read_s,
         per_sample_s=projection + logits,
     )
+
+
+def optimizer_step_s(num_params: int, rates: Rates) -> float:
+    """One mixed-precision AdamW step over ``num_params`` parameters: bandwidth only
+    (:data:`ADAMW_BYTES_PER_PARAM`). Paid once per training step, whatever the number of
+    micro-batches, so it weighs most on a device that fits small ones."""
+    return ADAMW_BYTES_PER_PARAM * num_params / rates.bytes_per_s
 
 
 def embed_time(model: ModelPreset, rates: Rates) -> PieceTime:

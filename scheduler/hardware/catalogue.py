@@ -109,6 +109,12 @@ A100_DS = (
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
     "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 )
+A100_PCIE_MEASURED = (
+    "the A100 SXM4's measured 230 TFLOP/s (" + MLI + ") times the PCIe/SXM ratio of "
+    "S. Bekman's maximum achievable matmul FLOPS, 256.4 / 267.9 (bf16, CUDA 12.1; "
+    "https://github.com/stas00/ml-engineering, compute/accelerator/README.md); bandwidth: "
+    "the SXM4's measured share of its datasheet's (1,616 of 2,039 GB/s) on this HBM2e part"
+)
 
 # A part sold with less memory (or a faster one) is the listed part with what differs replaced.
 _GPUS = [
@@ -249,6 +255,41 @@ _GPUS = [
         bandwidth_gbps=1555,
         measured_bandwidth_gbps=None,
         measured_source=MLI + " (the 80 GB part; same chip and clocks)",
+    ),
+    GpuSpec(
+        key="A100PCIE-80GB",
+        name="NVIDIA A100 PCIe 80GB",
+        peak_tflops=312.0,
+        fp32_tflops=19.5,
+        memory_gb=80,
+        bandwidth_gbps=1935,
+        tdp_w=300,
+        interconnect="NVLink bridge for 2 GPUs, 600 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA A100 datasheet, 80GB PCIe column (2021)",
+        url=A100_DS,
+        segment="datacenter",
+        architecture="ampere-ga100",
+        measured_gemm_tflops=220.0,
+        measured_bandwidth_gbps=1534.0,
+        measured_source=A100_PCIE_MEASURED,
+    ),
+    GpuSpec(
+        key="A100PCIE-40GB",
+        name="NVIDIA A100 PCIe 40GB",
+        peak_tflops=312.0,
+        fp32_tflops=19.5,
+        memory_gb=40,
+        bandwidth_gbps=1555,
+        tdp_w=250,
+        interconnect="NVLink bridge for 2 GPUs, 600 GB/s; PCIe 4.0 x16, 64 GB/s",
+        source="NVIDIA A100 datasheet, 40GB PCIe column (2020 revision)",
+        url="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet.pdf",
+        segment="datacenter",
+        architecture="ampere-ga100",
+        measured_gemm_tflops=220.0,
+        measured_bandwidth_gbps=1232.0,
+        measured_source=A100_PCIE_MEASURED,
     ),
     GpuSpec(
         key="A30-24GB",

@@ -27,12 +27,18 @@ class ProbedGpu:
     memory_mib: int
 
 
+def _is_memory_size(word: str) -> bool:
+    """``80GB``, ``144G``: the memory, which :func:`catalogue_key` matches on its own."""
+    digits = word.rstrip("GB")
+    return word != digits and digits.isdigit()
+
+
 def _word_runs(name: str) -> set[str]:
-    """Every run of the name's consecutive words (vendor words dropped), joined:
-    ``RTX``, ``RTXA6000``, ``A6000``, … (workstation cards are ``RTX A6000`` to the
-    driver and ``A6000`` to people)."""
+    """Every run of the name's consecutive words (vendor words and memory sizes dropped),
+    joined: ``RTX``, ``RTXA6000``, ``A6000``, … (workstation cards are ``RTX A6000`` to the
+    driver and ``A6000`` to people; the A100 PCIe is ``A100 80GB PCIe``)."""
     words = "".join(ch if ch.isalnum() else " " for ch in name.upper()).split()
-    words = [w for w in words if w not in _VENDOR_WORDS]
+    words = [w for w in words if w not in _VENDOR_WORDS and not _is_memory_size(w)]
     return {"".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
 
 

@@ -13,8 +13,10 @@ from scheduler.hardware.gpu_names import catalogue_key, parse_nvidia_smi
     [
         ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
         ("NVIDIA A100-SXM4-80GB", 81920, "A100-80GB"),
-        ("NVIDIA A100 80GB PCIe", 81920, "A100-80GB"),
-        ("NVIDIA A100-PCIE-40GB", 40536, "A100-40GB"),
+        # the PCIe parts have their own entries (lower power and bandwidth than the SXM4)
+        ("NVIDIA A100 80GB PCIe", 81920, "A100PCIE-80GB"),
+        ("NVIDIA A100-PCIE-40GB", 40536, "A100PCIE-40GB"),
+        ("NVIDIA A100-SXM4-40GB", 40536, "A100-40GB"),
         ("Tesla V100-SXM2-16GB", 16160, "V100-16GB"),
         ("Tesla V100-SXM2-32GB", 32510, "V100-32GB"),
         ("Tesla V100-PCIE-16GB", 16160, "V100PCIE-16GB"),
