@@ -31,6 +31,7 @@ from api.core.db import (
     MembershipRow,
     ProjectRow,
     UserRow,
+    WriteCount,
     now,
     utc,
 )
@@ -186,9 +187,12 @@ class AccountStore:
     """Owns every read and write of users, projects, memberships, dataset owners and the
     audit log; each call is one transaction and hands back frozen records."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, writes: WriteCount | None = None) -> None:
         self._session = sessionmaker(engine, expire_on_commit=False)
         self._has_tokens: bool | None = None
+        self._writes = writes if writes is not None else WriteCount(engine)
+        self._by_digest: dict[str, tuple[int, UserRecord]] = {}
+        """Users found by token, with the engine's write count before the read."""
 
     def _tx(self) -> AbstractContextManager[Session]:
         return self._session.begin()
@@ -222,12 +226,22 @@ class AccountStore:
 
     def by_token(self, token: str) -> UserRecord | None:
         """The user holding ``token`` (revoked ones included: the caller says so)."""
-        digest = token_digest(token)
+        digest, writes = token_digest(token), self._writes.value
         with self._tx() as session:
             row = session.scalar(select(UserRow).where(UserRow.token_sha256 == digest))
             if row is None or not secrets.compare_digest(row.token_sha256 or "", digest):
                 return None
-            return self._user(session, row)
+            user = self._user(session, row)
+        self._by_digest[digest] = (writes, user)
+        return user
+
+    def known_token(self, token: str) -> UserRecord | None:
+        """:meth:`by_token`'s last answer for ``token`` while nothing was written since
+        (no token made or revoked, no membership changed); None: ask :meth:`by_token`."""
+        known = self._by_digest.get(token_digest(token))
+        if known is None or known[0] != self._writes.value:
+            return None
+        return known[1]
 
     def user(self, name: str) -> UserRecord | None:
         with self._tx() as session:

@@ -32,6 +32,7 @@ from api.core.telemetry import HttpMetrics, Telemetry
 from api.deps import AppState
 from api.execution.executor import Executor
 from api.routes import api_router, docs, health, metrics
+from api.routes.jobs import JobPolls
 from api.services import (
     ClusterHandle,
     ClusterUnavailable,
@@ -224,6 +225,7 @@ def create_app(
     install_openapi(
         app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)
     )
+    app.add_middleware(JobPolls)  # innermost: after the guard, before routing
     app.add_middleware(AllowHeader)
     # Added last, so it runs first: nothing is routed or read before the guard passed it.
     app.add_middleware(RequestGuard, config=guard_config(settings, users=StoredTokens(app)))

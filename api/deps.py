@@ -79,26 +79,47 @@ def single_user(state: AppState) -> bool:
     return state.settings.token is None and not state.store.accounts.has_tokens()
 
 
+def principal_without_lookup(
+    state: AppState, authorization: str | None, identity: str | None
+) -> Principal | None:
+    """Who a request acts as, where that needs no read of the users' table: everyone in
+    single-user mode, the admin's token, a user's token found unchanged since it was
+    last looked up, or nobody (no token, no identity header). None: a user's token or
+    name that :func:`get_principal` looks up (and refuses, if it must)."""
+    settings = state.settings
+    if single_user(state):
+        return SINGLE_USER
+    if authorization is not None:
+        scheme, _, given = authorization.partition(" ")
+        given, admin_token = given.strip(), settings.token
+        if scheme.lower() != "bearer" or not given:
+            return None
+        if admin_token is not None and secrets.compare_digest(given.encode(), admin_token.encode()):
+            return SINGLE_USER
+        user = state.store.accounts.known_token(given)
+        return user.principal if user is not None and refusal(user, where="token") is None else None
+    if settings.identity_header and identity:
+        return None
+    return Principal(name=None, reads_all=settings.open_reads)
+
+
 async def get_principal(state: StateDep, request: Request, credentials: Credentials) -> Principal:
     """Who the request acts as. With no token configured anywhere, everyone is the single
     (admin) user, as before users existed; then a bearer token (``HETSCHED_API_TOKEN``: the
     admin; otherwise a user's), the trusted proxy's header, or nobody."""
     settings, accounts = state.settings, state.store.accounts
-    admin_token = settings.token
-    if single_user(state):
-        return SINGLE_USER
-    if credentials is not None:
-        given = credentials.credentials
-        if admin_token is not None and secrets.compare_digest(given.encode(), admin_token.encode()):
-            return SINGLE_USER
-        user = await run_in_threadpool(accounts.by_token, given)
-        return _user_principal(user, where="token")
     header = settings.identity_header
-    if header and request.headers.get(header):
-        name = request.headers[header]
-        user = await run_in_threadpool(accounts.user, name)
-        return _user_principal(user, where=f"user {name[:64]!r} in {header}")
-    return Principal(name=None, reads_all=settings.open_reads)
+    identity = request.headers.get(header) if header else None
+    known = principal_without_lookup(state, request.headers.get("authorization"), identity)
+    if known is not None:
+        return known
+    if credentials is not None:
+        user = await run_in_threadpool(accounts.by_token, credentials.credentials)
+        return _user_principal(user, where="token")
+    if header and identity:
+        user = await run_in_threadpool(accounts.user, identity)
+        return _user_principal(user, where=f"user {identity[:64]!r} in {header}")
+    return Principal(name=None, reads_all=settings.open_reads)  # an Authorization not Bearer
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -34,6 +34,7 @@ from api.core.db import (
     LogRow,
     ProfileRow,
     StepRow,
+    WriteCount,
     now,
     utc,
 )
@@ -254,7 +255,9 @@ class JobStore:
         self.retry_s = retry_s
         """Writes are retried this long while the database is locked or unreachable."""
         self._session = sessionmaker(engine, expire_on_commit=False)
-        self.accounts = AccountStore(engine)
+        self.writes = WriteCount(engine)
+        """Bumped after each write lands; unchanged means nothing was written since."""
+        self.accounts = AccountStore(engine, self.writes)
         """Users, projects, dataset owners and the audit log, on the same database."""
 
     def _tx(self) -> AbstractContextManager[Session]:

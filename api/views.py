@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -70,24 +72,51 @@ def job_public(job: JobRecord, events: Sequence[EventRecord] = ()) -> JobPublic:
     )
 
 
+@dataclass(frozen=True)
+class _Page:
+    writes: int
+    """The store's write count taken before the rows below were read."""
+    read_at: float
+    project: str
+    rows: tuple[Any, ...]
+    body: bytes
+
+
 class JobPages:
     """``GET /jobs/{id}``'s answers as JSON, built again only when the job or its events
     changed: fifty dashboards polling one training job share one build per step instead
-    of parsing and serializing the same plan fifty times.
+    of reading the database and serializing the same plan fifty times.
 
-    Each answer reads the job's and its events' rows afresh (:meth:`JobStore.job_rows`)
-    and reuses the entry built from equal rows, so it is never staler than the
-    database read before it; an unchanged job costs that read and a comparison.
+    An answer is reused without reading the database while the store has written
+    nothing since its rows were read (:class:`api.core.db.WriteCount`; one service owns
+    its database, :mod:`api.core.lock`) and for at most :attr:`max_age_s`, which bounds
+    what a write from outside the service (a second process on the database) can leave
+    unseen. Past that, the rows are read again and compared before anything is parsed.
     """
 
-    def __init__(self, max_jobs: int = 256) -> None:
+    def __init__(self, max_jobs: int = 256, max_age_s: float = 1.0) -> None:
         self._lock = threading.Lock()
         self._max_jobs = max_jobs
-        self._pages: OrderedDict[str, tuple[tuple[Any, ...], bytes]] = OrderedDict()
+        self.max_age_s = max_age_s
+        self._pages: OrderedDict[str, _Page] = OrderedDict()
+
+    def cached(self, store: JobStore, job_id: str, readable: Callable[[str], bool]) -> bytes | None:
+        """The job's answer if nothing was written since it was built; None means
+        :meth:`read` it (it may still be unchanged, or not exist)."""
+        page = self._pages.get(job_id)
+        if (
+            page is None
+            or page.writes != store.writes.value
+            or time.monotonic() - page.read_at > self.max_age_s
+            or not readable(page.project)
+        ):
+            return None
+        return page.body
 
     def read(self, store: JobStore, job_id: str, readable: Callable[[str], bool]) -> bytes | None:
         """The job's answer, or None when there is no such job or ``readable`` refuses
         its project."""
+        writes, read_at = store.writes.value, time.monotonic()
         rows = store.job_rows(job_id)
         if rows is None or not readable(rows[0].project):
             return None
@@ -95,18 +124,18 @@ class JobPages:
         key = (tuple(job_row), *(tuple(e) for e in event_rows))
         with self._lock:
             cached = self._pages.get(job_id)
-            if cached is not None and cached[0] == key:
-                self._pages.move_to_end(job_id)
-                return cached[1]
-        job = job_record(job_row)
-        body = job_public(job, [event_record(e) for e in event_rows])
-        page = body.model_dump_json(by_alias=True).encode()
+        if cached is not None and cached.rows == key:
+            body = cached.body
+        else:
+            job = job_record(job_row)
+            public = job_public(job, [event_record(e) for e in event_rows])
+            body = public.model_dump_json(by_alias=True).encode()
         with self._lock:
-            self._pages[job_id] = (key, page)
+            self._pages[job_id] = _Page(writes, read_at, job_row.project, key, body)
             self._pages.move_to_end(job_id)
             while len(self._pages) > self._max_jobs:
                 self._pages.popitem(last=False)
-        return page
+        return body
 
 
 def allocation_public(event: EventRecord) -> AllocationPublic:

@@ -6,6 +6,7 @@ works unchanged: only portable column types, JSON documents stored as text.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -225,6 +226,35 @@ class AuditRow(Base):
 
 REQUEST_THREADS = 40
 """anyio's default thread limit: how many sync routes (each with its connection) run at once."""
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "BEGIN", "PRAGMA", "SAVEPOINT", "RELEASE", "ROLLBACK", "SHOW")
+"""Statements that change no row; any other statement counts as a write."""
+
+
+class WriteCount:
+    """How many of ``engine``'s connections wrote and were handed back to the pool.
+
+    A connection goes back after its transaction committed (or rolled back), so a
+    reader that took :attr:`value` before reading and finds it unchanged later knows
+    that no write through this engine landed in between: what :class:`api.views.JobPages`
+    answers polls from without reading the database again.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.value = 0
+        self._lock = threading.Lock()  # two writers returning at once both count
+        event.listen(engine, "after_cursor_execute", self._executed)
+        event.listen(engine.pool, "checkin", self._returned)
+
+    def _executed(self, connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if not statement.lstrip()[:9].upper().startswith(READ_ONLY_STATEMENTS):
+            connection.info["wrote"] = True
+
+    def _returned(self, _dbapi_connection, record) -> None:  # type: ignore[no-untyped-def]
+        if record is None or record.info.pop("wrote", False):
+            with self._lock:
+                self.value += 1
 
 
 def make_engine(url: str, *, busy_timeout_s: float = 30.0) -> Engine:

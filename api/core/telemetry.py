@@ -107,12 +107,20 @@ class Telemetry:
         self.events.labels(kind).inc()
 
 
+ROUTE_KEY = "hetsched.route"
+"""Where a middleware that answers before routing (:class:`api.routes.jobs.JobPolls`) puts
+the template of the route it answered for."""
+
+
 def route_of(scope: Scope) -> str:
     """The matched route's template (``/api/v1/jobs/{job_id}``), so that the label takes
     as many values as there are routes; ``unmatched`` for every other path.
 
     FastAPI keeps an included router's route with its own prefix only; the full
-    template is its ``effective_route_context``'s."""
+    template is its ``effective_route_context``'s; a middleware that answers before
+    routing names its route in ``scope[ROUTE_KEY]``."""
+    if isinstance(answered := scope.get(ROUTE_KEY), str):
+        return answered
     fastapi = scope.get("fastapi")
     effective = fastapi.get("effective_route_context") if isinstance(fastapi, dict) else None
     for source in (effective, scope.get("route")):
