@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from api.execution.executor import Executor
 from api.execution.scheduling import ScheduledJob
@@ -99,10 +101,12 @@ class JobPages:
         self._max_jobs = max_jobs
         self.max_age_s = max_age_s
         self._pages: OrderedDict[str, _Page] = OrderedDict()
+        self._flights: dict[tuple[str, int], asyncio.Future[_Page | None]] = {}
+        """Reads under way (on the event loop's side), by job and write count at start."""
 
     def cached(self, store: JobStore, job_id: str, readable: Callable[[str], bool]) -> bytes | None:
-        """The job's answer if nothing was written since it was built; None means
-        :meth:`read` it (it may still be unchanged, or not exist)."""
+        """The job's answer if nothing was written since it was built, with no read;
+        None: :meth:`answer` it (it may still be unchanged, or not exist)."""
         page = self._pages.get(job_id)
         if (
             page is None
@@ -113,12 +117,31 @@ class JobPages:
             return None
         return page.body
 
-    def read(self, store: JobStore, job_id: str, readable: Callable[[str], bool]) -> bytes | None:
+    async def answer(
+        self, store: JobStore, job_id: str, readable: Callable[[str], bool]
+    ) -> bytes | None:
         """The job's answer, or None when there is no such job or ``readable`` refuses
-        its project."""
+        its project: :meth:`cached`, else one read in the thread pool, shared by every
+        request that comes while it runs with nothing written since it started (after
+        each step's write, fifty pollers would otherwise make fifty reads at once)."""
+        body = self.cached(store, job_id, readable)
+        if body is not None:
+            return body
+        key = (job_id, store.writes.value)
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = asyncio.ensure_future(run_in_threadpool(self.read, store, job_id))
+            self._flights[key] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(key, None))
+        page = await asyncio.shield(flight)
+        return page.body if page is not None and readable(page.project) else None
+
+    def read(self, store: JobStore, job_id: str) -> _Page | None:
+        """Read the job's and its events' rows and build its answer, unless the rows are
+        those of the answer built before; None: no such job."""
         writes, read_at = store.writes.value, time.monotonic()
         rows = store.job_rows(job_id)
-        if rows is None or not readable(rows[0].project):
+        if rows is None:
             return None
         job_row, event_rows = rows
         key = (tuple(job_row), *(tuple(e) for e in event_rows))
@@ -130,12 +153,13 @@ class JobPages:
             job = job_record(job_row)
             public = job_public(job, [event_record(e) for e in event_rows])
             body = public.model_dump_json(by_alias=True).encode()
+        page = _Page(writes, read_at, job_row.project, key, body)
         with self._lock:
-            self._pages[job_id] = _Page(writes, read_at, job_row.project, key, body)
+            self._pages[job_id] = page
             self._pages.move_to_end(job_id)
             while len(self._pages) > self._max_jobs:
                 self._pages.popitem(last=False)
-        return body
+        return page
 
 
 def allocation_public(event: EventRecord) -> AllocationPublic:

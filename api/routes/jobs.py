@@ -8,7 +8,6 @@ from typing import Annotated
 
 import fsspec
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -229,18 +228,16 @@ async def read_job(
 ) -> Response:
     """The job and what changed its plan while it ran.
 
-    Dashboards poll this, so while nothing was written since the last answer it is
-    answered from :class:`api.views.JobPages` on the event loop, with no database read;
-    otherwise its one read goes to the thread pool (it never holds up the event loop,
-    and so every other request; a sync dependency would add a trip of its own).
-    Another project's job is as absent as a missing one."""
+    Dashboards poll this: while nothing was written since the last answer,
+    :class:`JobPolls` answers before routing; here :meth:`api.views.JobPages.answer`
+    reads in the thread pool (never holding up the event loop, and so every other
+    request), once for every poll that comes meanwhile. Another project's job is as
+    absent as a missing one."""
     pages: JobPages = request.app.state.job_pages
     page = None
     if JOB_ID.fullmatch(job_id):
         readable = functools.partial(may, principal, action="read")
-        page = pages.cached(state.store, job_id, readable)
-        if page is None:
-            page = await run_in_threadpool(pages.read, state.store, job_id, readable)
+        page = await pages.answer(state.store, job_id, readable)
     if page is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job: no job with id {job_id!r}")
     return Response(page, media_type="application/json")

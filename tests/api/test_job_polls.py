@@ -3,9 +3,11 @@ nothing changed, yet never a change late, never to someone it was not shown to."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
@@ -70,6 +72,28 @@ def test_unchanged_polls_read_nothing_and_a_change_shows_at_once(
     assert any(
         line.startswith(polled) and float(line.split()[-1]) >= 23 for line in metrics.splitlines()
     ), "polls answered before routing are counted under their route"
+
+
+def test_polls_that_come_together_after_a_write_share_one_read(
+    service: tuple[TestClient, JobStore],
+) -> None:
+    client, store = service
+    job_id = add_job(store)
+    client.get(f"{JOBS}/{job_id}", headers=bearer(ADMIN))
+    store.add_event(job_id, kind="replan", step=1, data={})  # as each training step writes
+    seen = statements(store)
+
+    async def fifty_polls() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as polls:
+            url = f"{JOBS}/{job_id}"
+            return await asyncio.gather(*(polls.get(url, headers=bearer(ADMIN)) for _ in range(50)))
+
+    answers = asyncio.run(fifty_polls())
+    assert {a.status_code for a in answers} == {200}
+    assert all(len(a.json()["events"]) == 1 for a in answers)
+    reads = [s for s in seen if s.lstrip().upper().startswith("SELECT") and "FROM jobs" in s]
+    assert len(reads) == 1, f"{len(reads)} reads of the job for 50 polls after one write"
 
 
 def test_a_cached_answer_is_only_ever_shown_to_whom_the_route_would_show_it(
