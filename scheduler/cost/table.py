@@ -1,0 +1,151 @@
+"""A profile's devices stored by kind: one set of figures per kind, an id and a node per device.
+
+Devices of one kind (same type, memory and figures) share every number a planner
+reads, so a cluster of 16,384 GPUs has a few dozen kinds. :class:`DeviceTable` keeps
+one :class:`DeviceProfile` per kind and, per device, only its id, node and kind; the
+planners work on the kinds, and a device's own :class:`DeviceProfile` is built only
+when something asks for it (issue 20: building one per device was a third of what
+``hetsched plan`` took at that size). To its readers it is a sequence of devices,
+equal to the tuple of the same devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import overload
+
+from scheduler.cost.costs import DeviceProfile
+
+
+def kind_key(d: DeviceProfile) -> tuple[object, ...]:
+    """Every figure of ``d`` but its id and node. Nested figures count by identity: an
+    analytic profile shares one object per kind, and equal figures in distinct objects
+    only make more kinds, never wrong ones."""
+    return (
+        d.type,
+        d.capacity_bytes,
+        d.static_bytes,
+        d.per_sample_bytes,
+        d.fixed_s,
+        d.per_sample_s,
+        d.micro_batch_limit,
+        d.precision,
+        id(d.layers),
+        id(d.selective),
+        id(d.full),
+    )
+
+
+class DeviceTable(Sequence[DeviceProfile]):
+    """Devices as kinds: ``kinds[kind_of[i]]`` holds device ``i``'s figures, ``ids[i]`` and
+    ``nodes[i]`` its identity. Read-only; equal to any sequence of the same devices."""
+
+    __slots__ = ("_rows", "ids", "kind_of", "kinds", "nodes")
+
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[DeviceProfile],
+        kind_of: Sequence[int],
+        ids: Sequence[str],
+        nodes: Sequence[str],
+    ) -> None:
+        if not len(kind_of) == len(ids) == len(nodes):
+            raise ValueError(
+                f"device table: {len(kind_of)} kinds, {len(ids)} ids and {len(nodes)} nodes"
+            )
+        self.kinds: tuple[DeviceProfile, ...] = tuple(kinds)
+        self.kind_of: tuple[int, ...] = tuple(kind_of)
+        self.ids: tuple[str, ...] = tuple(ids)
+        self.nodes: tuple[str, ...] = tuple(nodes)
+        self._rows: tuple[DeviceProfile, ...] | None = None
+
+    @classmethod
+    def of(cls, devices: Sequence[DeviceProfile]) -> DeviceTable:
+        """``devices`` grouped by kind (itself when it already is a table)."""
+        if isinstance(devices, DeviceTable):
+            return devices
+        kinds: dict[tuple[object, ...], int] = {}
+        firsts: list[DeviceProfile] = []
+        kind_of = []
+        for d in devices:
+            key = kind_key(d)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = len(firsts)
+                firsts.append(d)
+            kind_of.append(kind)
+        table = cls(
+            kinds=firsts,
+            kind_of=kind_of,
+            ids=[d.id for d in devices],
+            nodes=[d.node for d in devices],
+        )
+        table._rows = tuple(devices)  # already built: keep them
+        return table
+
+    def with_kinds(self, kinds: Sequence[DeviceProfile]) -> DeviceTable:
+        """The same devices with each kind's figures replaced (one per kind, in order)."""
+        if len(kinds) != len(self.kinds):
+            raise ValueError(f"device table: {len(kinds)} kinds for {len(self.kinds)}")
+        return DeviceTable(kinds=kinds, kind_of=self.kind_of, ids=self.ids, nodes=self.nodes)
+
+    def _device(self, i: int) -> DeviceProfile:
+        kind = self.kinds[self.kind_of[i]]
+        if kind.id == self.ids[i] and kind.node == self.nodes[i]:
+            return kind
+        return replace(kind, id=self.ids[i], node=self.nodes[i])
+
+    def rows(self) -> tuple[DeviceProfile, ...]:
+        """Every device's own :class:`DeviceProfile`, built once."""
+        if self._rows is None:
+            self._rows = tuple(self._device(i) for i in range(len(self.ids)))
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> DeviceProfile: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[DeviceProfile, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> DeviceProfile | tuple[DeviceProfile, ...]:
+        if isinstance(index, slice):
+            return self.rows()[index]
+        if self._rows is not None:
+            return self._rows[index]
+        return self._device(range(len(self.ids))[index])
+
+    def __iter__(self) -> Iterator[DeviceProfile]:
+        return iter(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DeviceTable) and self._rows is None and other._rows is None:
+            return (self.ids, self.nodes) == (other.ids, other.nodes) and [
+                self.kinds[k] for k in self.kind_of
+            ] == [other.kinds[k] for k in other.kind_of]
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return self.rows() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.rows())
+
+    def __repr__(self) -> str:
+        return f"DeviceTable({len(self.ids)} devices of {len(self.kinds)} kinds)"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # pickled (to Ray workers) as its columns, not as built devices
+        return (_table, (self.kinds, self.kind_of, self.ids, self.nodes))
+
+
+def _table(
+    kinds: tuple[DeviceProfile, ...],
+    kind_of: tuple[int, ...],
+    ids: tuple[str, ...],
+    nodes: tuple[str, ...],
+) -> DeviceTable:
+    return DeviceTable(kinds=kinds, kind_of=kind_of, ids=ids, nodes=nodes)

@@ -1,0 +1,79 @@
+"""The planners give the plans they gave before they were made fast (issue 20).
+
+``data/plans_before_issue20.json`` holds plans that the planners on main wrote before
+the devices were grouped by kind (:class:`~scheduler.cost.table.DeviceTable`), the
+data-parallel entries stored as columns and the hybrid search pruned: data-parallel
+plans of 8 to 200 mixed catalogue GPUs, hybrid plans of 8 to 256, a pipeline of 16.
+Each is planned again from its cluster spec here and must give every device the same
+samples, micro-batches, offset, layers, stage, pipeline and recomputation, leave out
+the same devices for the same reasons and predict the same times.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.cost.profile import analytic_profile
+from scheduler.cost.table import DeviceTable
+from scheduler.hardware.cluster import parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.plan import DevicePlanTable
+from scheduler.planning.planner import make_plan
+
+CASES: list[dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "data" / "plans_before_issue20.json").read_text()
+)
+TIMES = ("predicted_step_s", "predicted_samples_per_s", "compute_s", "comm_s")
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def _case_id(case: dict[str, Any]) -> str:
+    return f"{case['strategy']}-{case['model']}-{len(case['cluster']['nodes'])}nodes"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_plan_is_the_one_planned_before(case: dict[str, Any]) -> None:
+    profile = analytic_profile(parse_cluster(case["cluster"]), get_preset(case["model"]))
+    plan = make_plan(profile, case["global_batch"], case["strategy"]).to_dict()
+    before = case["plan"]
+    assert [d["id"] for d in plan["devices"]] == [d["id"] for d in before["devices"]]
+    for new, old in zip(plan["devices"], before["devices"], strict=True):
+        assert {k: v for k, v in new.items() if k != "busy_s"} == {
+            k: v for k, v in old.items() if k != "busy_s"
+        }
+        assert _close(new["busy_s"], old["busy_s"]), new["id"]
+    assert plan["excluded"] == before["excluded"]
+    assert plan["notes"] == before["notes"]
+    for key in TIMES:
+        assert _close(plan[key], before[key]), key
+    assert plan["baselines"].keys() == before["baselines"].keys()
+    for name, baseline in before["baselines"].items():
+        for key, value in baseline.items():
+            assert _close(plan["baselines"][name][key], value), (name, key)
+
+
+def test_a_table_plans_as_the_same_devices_one_by_one() -> None:
+    """A profile whose devices are a table and one whose devices are a tuple of the same
+    devices are equal and plan alike, down to the JSON text."""
+    case = next(c for c in CASES if c["strategy"] == "dp" and len(c["cluster"]["nodes"]) > 8)
+    profile = analytic_profile(parse_cluster(case["cluster"]), get_preset(case["model"]))
+    assert isinstance(profile.devices, DeviceTable)
+    one_by_one = replace(profile, devices=tuple(profile.devices))
+    assert one_by_one == profile and profile == one_by_one
+    plan = make_plan(profile, case["global_batch"], "dp")
+    assert isinstance(plan.devices, DevicePlanTable)
+    again = make_plan(one_by_one, case["global_batch"], "dp")
+    assert plan == again
+    assert plan.to_json() == again.to_json()
+    assert plan.to_json() == replace(plan, devices=tuple(plan.devices)).to_json()
+    assert json.loads(plan.to_json()) == plan.to_dict()
+    assert plan.devices[3] == tuple(plan.devices)[3] and plan.devices[-1].id == plan.devices[-1].id
