@@ -12,7 +12,6 @@ equal to the tuple of the same devices.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from typing import overload
 
 from scheduler.cost.costs import DeviceProfile
@@ -95,7 +94,23 @@ class DeviceTable(Sequence[DeviceProfile]):
         kind = self.kinds[self.kind_of[i]]
         if kind.id == self.ids[i] and kind.node == self.nodes[i]:
             return kind
-        return replace(kind, id=self.ids[i], node=self.nodes[i])
+        # every field spelled out (twice as fast as dataclasses.replace); a test checks
+        # that these are all of DeviceProfile's fields
+        return DeviceProfile(
+            id=self.ids[i],
+            node=self.nodes[i],
+            type=kind.type,
+            capacity_bytes=kind.capacity_bytes,
+            static_bytes=kind.static_bytes,
+            per_sample_bytes=kind.per_sample_bytes,
+            fixed_s=kind.fixed_s,
+            per_sample_s=kind.per_sample_s,
+            layers=kind.layers,
+            micro_batch_limit=kind.micro_batch_limit,
+            selective=kind.selective,
+            full=kind.full,
+            precision=kind.precision,
+        )
 
     def rows(self) -> tuple[DeviceProfile, ...]:
         """Every device's own :class:`DeviceProfile`, built once."""

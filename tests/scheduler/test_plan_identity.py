@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scheduler.cost.profile import analytic_profile
-from scheduler.cost.table import DeviceTable
+from scheduler.cost.costs import DeviceProfile
+from scheduler.cost.table import DeviceTable, kind_key
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.plan import DevicePlanTable
@@ -77,3 +78,19 @@ def test_a_table_plans_as_the_same_devices_one_by_one() -> None:
     assert plan.to_json() == replace(plan, devices=tuple(plan.devices)).to_json()
     assert json.loads(plan.to_json()) == plan.to_dict()
     assert plan.devices[3] == tuple(plan.devices)[3] and plan.devices[-1].id == plan.devices[-1].id
+
+
+def test_a_table_builds_each_device_with_every_field_of_its_kind() -> None:
+    """:class:`DeviceTable` builds a device field by field: a field added to
+    :class:`DeviceProfile` must be added there (and to its kind key) too."""
+    assert {f.name for f in fields(DeviceProfile)} == {
+        "id", "node", "type", "capacity_bytes", "static_bytes", "per_sample_bytes", "fixed_s",
+        "per_sample_s", "layers", "micro_batch_limit", "selective", "full", "precision",
+    }  # fmt: skip
+    case = CASES[0]
+    table = analytic_profile(parse_cluster(case["cluster"]), get_preset(case["model"])).devices
+    assert isinstance(table, DeviceTable)
+    for i, device in enumerate(table):
+        kind = table.kinds[table.kind_of[i]]
+        assert device == replace(kind, id=table.ids[i], node=table.nodes[i])
+        assert kind_key(device) == kind_key(kind)
