@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,16 @@ def test_a_table_builds_each_device_with_every_field_of_its_kind() -> None:
         kind = table.kinds[table.kind_of[i]]
         assert device == replace(kind, id=table.ids[i], node=table.nodes[i])
         assert kind_key(device) == kind_key(kind)
+
+
+def test_tables_cross_to_workers_as_what_they_hold() -> None:
+    """Profiles and plans travel to Ray workers and into the job store pickled: a table
+    arrives as an equal table, not as a pile of rebuilt objects."""
+    case = next(c for c in CASES if c["strategy"] == "dp")
+    profile = analytic_profile(parse_cluster(case["cluster"]), get_preset(case["model"]))
+    plan = make_plan(profile, case["global_batch"], "dp")
+    for value in (profile, plan):
+        again = pickle.loads(pickle.dumps(value))
+        assert again == value
+    assert isinstance(pickle.loads(pickle.dumps(profile)).devices, DeviceTable)
+    assert isinstance(pickle.loads(pickle.dumps(plan)).devices, DevicePlanTable)
