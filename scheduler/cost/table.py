@@ -6,13 +6,15 @@ one :class:`DeviceProfile` per kind and, per device, only its id, node and kind;
 planners work on the kinds, and a device's own :class:`DeviceProfile` is built only
 when something asks for it (issue 20: building one per device was a third of what
 ``hetsched plan`` took at that size). To its readers it is a sequence of devices,
-equal to the tuple of the same devices.
+equal to the tuple of the same devices: :class:`ColumnRows`, which the plan's
+columns of data-parallel entries (:class:`scheduler.planning.plan.DevicePlanTable`)
+share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import TypeVar, overload
 
 from scheduler.cost.costs import DeviceProfile
 
@@ -36,11 +38,60 @@ def kind_key(d: DeviceProfile) -> tuple[object, ...]:
     )
 
 
-class DeviceTable(Sequence[DeviceProfile]):
+T = TypeVar("T")
+
+
+class ColumnRows(Sequence[T]):
+    """A read-only sequence stored as columns, each item built from them when first read.
+
+    Subclasses say how many items there are and how to build item ``i``; this class
+    builds them all at once when iterated, and compares equal to any sequence of the
+    same items (a tuple of them included)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: tuple[T, ...] | None = None
+
+    def _entry(self, i: int) -> T:
+        raise NotImplementedError
+
+    def rows(self) -> tuple[T, ...]:
+        """Every item, built once."""
+        if self._rows is None:
+            self._rows = tuple(self._entry(i) for i in range(len(self)))
+        return self._rows
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[T, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
+        if isinstance(index, slice):
+            return self.rows()[index]
+        if self._rows is not None:
+            return self._rows[index]
+        return self._entry(range(len(self))[index])
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return self.rows() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.rows())
+
+
+class DeviceTable(ColumnRows[DeviceProfile]):
     """Devices as kinds: ``kinds[kind_of[i]]`` holds device ``i``'s figures, ``ids[i]`` and
     ``nodes[i]`` its identity. Read-only; equal to any sequence of the same devices."""
 
-    __slots__ = ("_rows", "ids", "kind_of", "kinds", "nodes")
+    __slots__ = ("ids", "kind_of", "kinds", "nodes")
 
     def __init__(
         self,
@@ -58,7 +109,7 @@ class DeviceTable(Sequence[DeviceProfile]):
         self.kind_of: tuple[int, ...] = tuple(kind_of)
         self.ids: tuple[str, ...] = tuple(ids)
         self.nodes: tuple[str, ...] = tuple(nodes)
-        self._rows: tuple[DeviceProfile, ...] | None = None
+        super().__init__()
 
     @classmethod
     def of(cls, devices: Sequence[DeviceProfile]) -> DeviceTable:
@@ -90,7 +141,7 @@ class DeviceTable(Sequence[DeviceProfile]):
             raise ValueError(f"device table: {len(kinds)} kinds for {len(self.kinds)}")
         return DeviceTable(kinds=kinds, kind_of=self.kind_of, ids=self.ids, nodes=self.nodes)
 
-    def _device(self, i: int) -> DeviceProfile:
+    def _entry(self, i: int) -> DeviceProfile:
         kind = self.kinds[self.kind_of[i]]
         if kind.id == self.ids[i] and kind.node == self.nodes[i]:
             return kind
@@ -112,42 +163,8 @@ class DeviceTable(Sequence[DeviceProfile]):
             precision=kind.precision,
         )
 
-    def rows(self) -> tuple[DeviceProfile, ...]:
-        """Every device's own :class:`DeviceProfile`, built once."""
-        if self._rows is None:
-            self._rows = tuple(self._device(i) for i in range(len(self.ids)))
-        return self._rows
-
     def __len__(self) -> int:
         return len(self.ids)
-
-    @overload
-    def __getitem__(self, index: int) -> DeviceProfile: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[DeviceProfile, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> DeviceProfile | tuple[DeviceProfile, ...]:
-        if isinstance(index, slice):
-            return self.rows()[index]
-        if self._rows is not None:
-            return self._rows[index]
-        return self._device(range(len(self.ids))[index])
-
-    def __iter__(self) -> Iterator[DeviceProfile]:
-        return iter(self.rows())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, DeviceTable) and self._rows is None and other._rows is None:
-            return (self.ids, self.nodes) == (other.ids, other.nodes) and [
-                self.kinds[k] for k in self.kind_of
-            ] == [other.kinds[k] for k in other.kind_of]
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return self.rows() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.rows())
 
     def __repr__(self) -> str:
         return f"DeviceTable({len(self.ids)} devices of {len(self.kinds)} kinds)"

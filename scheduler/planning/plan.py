@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from json.encoder import encode_basestring_ascii
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
+from scheduler.cost.table import ColumnRows
 from scheduler.errors import PlanError
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute
 
@@ -161,7 +162,7 @@ _PLAIN_DEVICE_JSON = '{"id": %s' + _PLAIN_DEVICE_MIDDLE + "%d" + _PLAIN_DEVICE_E
 :meth:`DevicePlan.to_dict` in its order, with ``json``'s default separators."""
 
 
-class DevicePlanTable(Sequence[DevicePlan]):
+class DevicePlanTable(ColumnRows[DevicePlan]):
     """Data-parallel plan entries as columns, one list per :class:`DevicePlan` field,
     in device order: what the ``dp``, ``even`` and ``proportional`` planners return.
     A :class:`DevicePlan` is built only for the devices someone reads, and
@@ -170,7 +171,6 @@ class DevicePlanTable(Sequence[DevicePlan]):
     readers it is a sequence of entries, equal to the tuple of the same entries."""
 
     __slots__ = (
-        "_rows",
         "accum_steps",
         "busy_s",
         "ids",
@@ -211,7 +211,7 @@ class DevicePlanTable(Sequence[DevicePlan]):
         self.accum_steps, self.busy_s = tuple(accum_steps), tuple(busy_s)
         self.peak_bytes, self.offset = tuple(peak_bytes), tuple(offset)
         self.recompute, self.precision = tuple(recompute), tuple(precision)
-        self._rows: tuple[DevicePlan, ...] | None = None
+        super().__init__()
 
     def _entry(self, i: int) -> DevicePlan:
         return DevicePlan(
@@ -225,12 +225,6 @@ class DevicePlanTable(Sequence[DevicePlan]):
             recompute=self.recompute[i],
             precision=self.precision[i],
         )
-
-    def rows(self) -> tuple[DevicePlan, ...]:
-        """Every device's :class:`DevicePlan`, built once."""
-        if self._rows is None:
-            self._rows = tuple(self._entry(i) for i in range(len(self.ids)))
-        return self._rows
 
     def json_entries(self) -> str:
         """The entries as the JSON array's contents, each as :meth:`DevicePlan.to_json`
@@ -269,62 +263,30 @@ class DevicePlanTable(Sequence[DevicePlan]):
     def __len__(self) -> int:
         return len(self.ids)
 
-    @overload
-    def __getitem__(self, index: int) -> DevicePlan: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[DevicePlan, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> DevicePlan | tuple[DevicePlan, ...]:
-        if isinstance(index, slice):
-            return self.rows()[index]
-        if self._rows is not None:
-            return self._rows[index]
-        return self._entry(range(len(self.ids))[index])
-
-    def __iter__(self) -> Iterator[DevicePlan]:
-        return iter(self.rows())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return self.rows() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.rows())
-
     def __repr__(self) -> str:
         return f"DevicePlanTable({len(self.ids)} devices)"
 
     def __reduce__(self) -> tuple[object, ...]:
         # pickled (to Ray workers, into the job store) as its columns
-        columns = (
-            self.ids,
-            self.samples,
-            self.micro_batch,
-            self.accum_steps,
-            self.busy_s,
-            self.peak_bytes,
-            self.offset,
-            self.recompute,
-            self.precision,
-        )
-        return (_plan_table, columns)
+        return (_plan_table, tuple(getattr(self, name) for name in _PLAN_COLUMNS))
+
+
+_PLAN_COLUMNS = (
+    "ids",
+    "samples",
+    "micro_batch",
+    "accum_steps",
+    "busy_s",
+    "peak_bytes",
+    "offset",
+    "recompute",
+    "precision",
+)
+"""The columns of a :class:`DevicePlanTable`, in the order it pickles them."""
 
 
 def _plan_table(*columns: Any) -> DevicePlanTable:
-    names = (
-        "ids",
-        "samples",
-        "micro_batch",
-        "accum_steps",
-        "busy_s",
-        "peak_bytes",
-        "offset",
-        "recompute",
-        "precision",
-    )
-    return DevicePlanTable(**dict(zip(names, columns, strict=True)))
+    return DevicePlanTable(**dict(zip(_PLAN_COLUMNS, columns, strict=True)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

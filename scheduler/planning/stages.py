@@ -328,11 +328,7 @@ def partition(
     p = len(devices)
     memo = cache if cache is not None else StageCache()
     num_blocks, arrays, keys = _chain_arrays(
-        devices,
-        micro_batch=micro_batch,
-        in_flight=in_flight,
-        tied_state_bytes=tied_state_bytes,
-        memo=memo,
+        devices, micro_batch, in_flight, tied_state_bytes, memo
     )
     costs = [time for time, _ in arrays]
     best = _min_max_s(costs, num_blocks)
@@ -374,7 +370,6 @@ def partition(
 
 def _chain_arrays(
     devices: Sequence[DeviceProfile],
-    *,
     micro_batch: int,
     in_flight: Sequence[int],
     tied_state_bytes: int,
@@ -432,13 +427,7 @@ def fits(
     middle; some block counts summing to ``L`` fit exactly when each stage fits its
     least and those leasts and largests bracket ``L``."""
     memo = cache if cache is not None else StageCache()
-    num_blocks, arrays, _ = _chain_arrays(
-        devices,
-        micro_batch=micro_batch,
-        in_flight=in_flight,
-        tied_state_bytes=tied_state_bytes,
-        memo=memo,
-    )
+    num_blocks, arrays, _ = _chain_arrays(devices, micro_batch, in_flight, tied_state_bytes, memo)
     least = most = 0
     for s, (time, _) in enumerate(arrays):
         low = 0 if s in (0, len(arrays) - 1) else 1
