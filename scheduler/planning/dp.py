@@ -72,13 +72,16 @@ class _Group:
     Rows are recomputation modes (:data:`RECOMPUTE_MODES`), columns devices; a mode a
     device lacks, or in which one sample does not fit, has ``max_micro`` 0. Devices with
     identical figures form one *kind* (the ``kind_*`` arrays, one column per kind, the
-    kinds of the profile's :class:`~scheduler.cost.table.DeviceTable`): an analytic
-    profile of 16,384 devices has a few dozen kinds, and the search runs on those
-    (:func:`_optimal`)."""
+    kinds of the profile's :class:`~scheduler.cost.table.DeviceTable`, or of
+    :func:`_kinds`): an analytic profile of 16,384 devices has a few dozen kinds, and the
+    search runs on those (:func:`_optimal`)."""
 
-    table: DeviceTable
+    kinds: Sequence[DeviceProfile]
+    """One device of each kind."""
+    all_ids: Sequence[str]
+    """The profile's device ids, in order."""
     rows: IntArray
-    """Each device's position in ``table``, in device order."""
+    """Each device's position among the profile's devices, in device order."""
     max_micro: IntArray
     """Largest micro-batch that fits, per mode and device."""
     fixed_s: FloatArray
@@ -111,8 +114,8 @@ class _Group:
 
     def ids(self) -> list[str]:
         """The devices' ids, in device order."""
-        ids = self.table.ids
-        if len(self.rows) == len(ids):  # every device of the table, in its order
+        ids = self.all_ids
+        if len(self.rows) == len(ids):  # every device of the profile, in its order
             return list(ids)
         return [ids[i] for i in self.rows.tolist()]
 
@@ -164,16 +167,60 @@ def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float]
     return max_micro, fixed_s, per_sample_s, per_sample_bytes
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Kinds:
+    """Devices by kind, as the data-parallel search tells them apart: one device of each
+    kind, and each device's kind, id and node."""
+
+    kinds: Sequence[DeviceProfile]
+    kind_of: Sequence[int]
+    ids: Sequence[str]
+    nodes: Sequence[str]
+
+
+def _kinds(devices: Sequence[DeviceProfile]) -> _Kinds:
+    """A table's own kinds; else kinds of the figures the search reads and the precision
+    its entries carry (not the per-layer figures: a measured profile has an object of
+    them per device, and they do not count here)."""
+    if isinstance(devices, DeviceTable):
+        return _Kinds(
+            kinds=devices.kinds, kind_of=devices.kind_of, ids=devices.ids, nodes=devices.nodes
+        )
+    kinds: dict[tuple[object, ...], int] = {}
+    firsts: list[DeviceProfile] = []
+    kind_of = []
+    for d in devices:
+        key = (
+            d.capacity_bytes,
+            d.static_bytes,
+            d.per_sample_bytes,
+            d.fixed_s,
+            d.per_sample_s,
+            d.micro_batch_limit,
+            d.precision,
+            id(d.selective),  # by identity: equal figures in two objects only make two kinds
+            id(d.full),
+        )
+        kind = kinds.get(key)
+        if kind is None:
+            kind = kinds[key] = len(firsts)
+            firsts.append(d)
+        kind_of.append(kind)
+    return _Kinds(
+        kinds=firsts, kind_of=kind_of, ids=[d.id for d in devices], nodes=[d.node for d in devices]
+    )
+
+
 def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
     """The usable devices as a group, the others with a reason; PlanError if none.
 
     Everything per device is an array indexed by kind (one Python step per kind, a few
     per device), so a profile of 16,384 devices prepares in milliseconds."""
-    table = DeviceTable.of(devices)
+    table = _kinds(devices)
     fits = [k.fits_one_sample() for k in table.kinds]
     kind_of = np.array(table.kind_of, dtype=np.int64)
     if all(fits):
-        rows = np.arange(len(table), dtype=np.int64)
+        rows = np.arange(len(table.ids), dtype=np.int64)
         excluded: list[Excluded] = []
     else:
         usable = np.array(fits, dtype=np.bool_)[kind_of]
@@ -191,7 +238,7 @@ def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
             raise PlanError(f"no device can hold the model: {shown}{more}")
     # node names in order of first appearance, then each device's index among them
     node_index = {n: i for i, n in enumerate(dict.fromkeys(table.nodes))}
-    node_codes = np.fromiter(map(node_index.__getitem__, table.nodes), np.int64, len(table))
+    node_codes = np.fromiter(map(node_index.__getitem__, table.nodes), np.int64, len(table.ids))
     columns = [_kind_columns(k) for k in table.kinds]
 
     def by_mode(i: int) -> list[list[float]]:  # (modes, kinds): column i of each kind
@@ -204,7 +251,8 @@ def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
     of = kind_of[rows]
     return (
         _Group(
-            table=table,
+            kinds=table.kinds,
+            all_ids=table.ids,
             rows=rows,
             max_micro=kind_max_micro[:, of],
             fixed_s=kind_fixed_s[:, of],
@@ -433,7 +481,7 @@ def _build(
     offsets = np.cumsum(samples) - samples
     # a device without samples runs no mode: "none", and its peak is its model states
     modes = np.where(samples > 0, modes, 0)
-    kinds = group.table.kinds
+    kinds = group.kinds
     static = np.array([k.static_bytes for k in kinds], dtype=np.int64)[group.kind_of]
     peak = static + micro * group.kind_per_sample_bytes[modes, group.kind_of]
     precision_of = [k.precision for k in kinds]
