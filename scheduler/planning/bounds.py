@@ -108,6 +108,9 @@ def step_lower_bounds(
 ) -> list[float]:
     """A lower bound on the step time of the hybrid plan over ``groups`` (pipelines,
     devices in stage order) for each candidate micro-batch size (module docstring)."""
+    num_blocks = layers_of(groups[0][0]).num_blocks
+    num_micro = np.array([ceil_div(global_batch, s) for s in sizes], dtype=np.float64)
+    micro = np.ceil(global_batch / num_micro)[:, None, None]  # (sizes, 1, 1)
     # identical pipelines (same layers per stage, same links between them) share a column,
     # weighted by how many there are: a type-grouped plan has thousands of one kind
     kinds: dict[tuple[object, ...], int] = {}
@@ -122,24 +125,7 @@ def step_lower_bounds(
             kinds[key] = len(firsts)
             firsts.append(group)
         of.append(kinds[key])
-    counts = np.bincount(np.array(of, dtype=np.int64), minlength=len(firsts)).tolist()
-    return kind_lower_bounds(firsts, counts, global_batch, sizes, links)
-
-
-def kind_lower_bounds(
-    firsts: Sequence[Sequence[DeviceProfile]],
-    counts: Sequence[int],
-    global_batch: int,
-    sizes: Sequence[int],
-    links: Links,
-) -> list[float]:
-    """:func:`step_lower_bounds` of pipelines given by kind: one pipeline of each kind
-    (``firsts``) and how many there are of it (``counts``); pipelines of one kind have
-    the same figures stage by stage and the same node boundaries."""
-    num_blocks = layers_of(firsts[0][0]).num_blocks
-    num_micro = np.array([ceil_div(global_batch, s) for s in sizes], dtype=np.float64)
-    micro = np.ceil(global_batch / num_micro)[:, None, None]  # (sizes, 1, 1)
-    weight = np.array(counts, dtype=np.float64)
+    weight = np.bincount(np.array(of, dtype=np.int64), minlength=len(firsts)).astype(np.float64)
     longest = max(len(g) for g in firsts)
     figures = np.zeros((5, len(firsts), longest))
     figures[2:4] = np.inf  # padding stages: no block fits them

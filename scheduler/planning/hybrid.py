@@ -16,7 +16,6 @@ from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
 from scheduler.planning.bounds import (
-    kind_lower_bounds,
     single_pipeline_lower_bound,
     step_lower_bounds,
 )
@@ -318,7 +317,6 @@ def evaluate(
     partitioner: Partitioner,
     *,
     bounds: Sequence[float] | None = None,
-    replicas: Replicas | None = None,
 ) -> HybridChoice | None:
     """The best micro-batch size and shares for these pipelines.
 
@@ -330,8 +328,7 @@ def evaluate(
     sizes = micro_batch_candidates(global_batch)
     if bounds is None:
         bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
-    if replicas is None:
-        replicas = Replicas.of(groups, partitioner.code)
+    replicas = Replicas.of(groups, partitioner.code)
     kinds = range(len(replicas.members))
     choices: list[_Priced] = []
     fastest = math.inf
@@ -385,18 +382,11 @@ def _evaluate_variants(
     choice would be slower than that one). The fastest of the result is the fastest of
     all groupings, exactly."""
     sizes = micro_batch_candidates(global_batch)
-    replicas = {
-        i: Replicas.of(groups, partitioner.code) for i, (_, groups) in enumerate(variants) if groups
-    }
+    # step_lower_bounds is looked up at the call: a test swaps in zeros to search unpruned
     bounds = {
-        i: kind_lower_bounds(
-            [r.first(k) for k in range(len(r.members))],
-            [len(m) for m in r.members],
-            global_batch,
-            sizes,
-            profile.links,
-        )
-        for i, r in replicas.items()
+        i: step_lower_bounds(groups, global_batch, sizes, profile.links)
+        for i, (_, groups) in enumerate(variants)
+        if groups
     }
     fastest = math.inf
     chosen: dict[int, HybridChoice] = {}
@@ -411,7 +401,6 @@ def _evaluate_variants(
             profile,
             partitioner,
             bounds=bounds[i],
-            replicas=replicas[i],
         )
         if choice is not None:
             chosen[i] = choice
