@@ -417,9 +417,11 @@ def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
     ``type`` — devices of one type on one node form pipelines of the shortest
     length that holds the model (and of twice that, fewer bubbles per device vs.
     larger micro-batches), leftovers chained by memory; ``single`` — the best
-    single pipeline over all devices (the ``pp`` plan). Identical pipelines are
-    partitioned once (memoised by their devices' figures), which keeps a
-    512-device plan to about a second.
+    single pipeline over all devices (the ``pp`` plan), searched only when a bound
+    (:func:`~scheduler.planning.bounds.single_pipeline_lower_bound`) says it could beat
+    the fastest grouping. Pipelines of one kind are partitioned, priced and given
+    micro-batches once per kind (:mod:`scheduler.planning.replicas`), which keeps a
+    4,096-device plan to about half a second.
     """
     check_global_batch(global_batch)
     usable = layer_usable(profile)
