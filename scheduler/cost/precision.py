@@ -21,10 +21,12 @@ with the precision its plans run in and leaves the figures as measured.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from scheduler.cost.costs import DeviceProfile, LayerCost, LayerProfile, RecomputeCost
 from scheduler.cost.roofline import BYTES_16BIT, Rates
+from scheduler.cost.table import DeviceTable
 from scheduler.hardware.catalogue import GpuSpec, lookup
 from scheduler.hardware.precision import (
     ACTIVATION_BYTES,
@@ -105,10 +107,13 @@ def device_precision(device_type: str, requested: str, *, device: str) -> Precis
     return resolve(gpu, requested, device=device)
 
 
-def with_precision(devices: tuple[DeviceProfile, ...], requested: str) -> tuple[DeviceProfile, ...]:
+def with_precision(devices: Sequence[DeviceProfile], requested: str) -> Sequence[DeviceProfile]:
     """``devices`` labelled with the precision each trains in under ``requested``;
     raises :class:`~scheduler.hardware.precision.PrecisionError` naming the first
-    device that cannot."""
+    device that cannot. A :class:`~scheduler.cost.table.DeviceTable` stays one,
+    relabelled kind by kind (a kind's first device is the first of its devices)."""
+    if isinstance(devices, DeviceTable):
+        return devices.with_kinds(with_precision(devices.kinds, requested))
     out = []
     for d in devices:
         precision = device_precision(d.type, requested, device=d.id)

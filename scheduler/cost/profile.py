@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ from scheduler.cost.costs import (
 )
 from scheduler.cost.precision import device_precision, layers_at, rates_at, with_precision
 from scheduler.cost.roofline import PieceTime, Rates, block_time, embed_time, head_time
+from scheduler.cost.table import DeviceTable
 from scheduler.errors import ProfileError
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.hardware.catalogue import DEFAULT_FLOPS_SHARE, lookup
-from scheduler.hardware.cluster import Cluster, Links
+from scheduler.hardware.cluster import Cluster, Device, Links
 from scheduler.hardware.precision import PRECISIONS, JobPrecision, Precision
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute, Stored
 from scheduler.models.presets import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
@@ -60,7 +62,9 @@ class Profile:
     the gradient bytes a data-parallel step all-reduces: what every planner reads."""
 
     model: str
-    devices: tuple[DeviceProfile, ...]
+    devices: Sequence[DeviceProfile]
+    """In order; a tuple, or a :class:`~scheduler.cost.table.DeviceTable` (analytic
+    profiles) that stores them by kind."""
     links: Links = field(default_factory=Links)
     gradient_bytes: int = 0
     """Bytes all-reduced per data-parallel step."""
@@ -444,6 +448,65 @@ class _DeviceFigures:
         )
 
 
+class _KindFigures:
+    """Derives the :class:`DeviceProfile` of each kind of an analytic profile, sharing
+    the figures of one type and precision, and the capacity of one memory size, between
+    kinds (one spec may override a type's memory or peak)."""
+
+    def __init__(
+        self,
+        *,
+        model: ModelPreset,
+        cluster: Cluster,
+        efficiency: float | None,
+        simulated: bool,
+        precision: JobPrecision,
+    ) -> None:
+        self.model, self.cluster = model, cluster
+        self.efficiency, self.simulated, self.precision = efficiency, simulated, precision
+        self._figures: dict[tuple[str, float, str], _DeviceFigures] = {}
+        self._capacities: dict[int, int] = {}
+        # the precision depends on the type alone: resolved at the first device of each
+        # type, so an error still names the first device (in order) that cannot run it
+        self._precisions: dict[str, Precision] = {}
+
+    def device(self, d: Device) -> DeviceProfile:
+        chosen = self._precisions.get(d.type)
+        if chosen is None:
+            chosen = device_precision(d.type, self.precision, device=d.id)
+            self._precisions[d.type] = chosen
+        kind = (d.type, d.peak_tflops, chosen)
+        if kind not in self._figures:
+            rates = rates_at(
+                lookup(d.type), chosen, tensor_tflops=d.peak_tflops, flops_share=self.efficiency
+            )
+            self._figures[kind] = _DeviceFigures.of(
+                layers_at(analytic_layers(self.model, rates), chosen)
+            )
+        memory_bytes = d.memory_bytes
+        if memory_bytes not in self._capacities:
+            self._capacities[memory_bytes] = usable_capacity_bytes(
+                memory_bytes,
+                simulated=self.simulated,
+                memory_scale=self.cluster.simulation.memory_scale,
+            )
+        f = self._figures[kind]
+        return DeviceProfile(
+            id=d.id,
+            node=d.node,
+            type=d.type,
+            capacity_bytes=self._capacities[memory_bytes],
+            static_bytes=self.model.model_state_bytes,
+            per_sample_bytes=f.per_sample_bytes,
+            fixed_s=f.fixed_s,
+            per_sample_s=f.per_sample_s,
+            layers=f.layers,
+            selective=f.selective,
+            full=f.full,
+            precision=chosen,
+        )
+
+
 def analytic_profile(
     cluster: Cluster,
     model: ModelPreset,
@@ -473,50 +536,35 @@ def analytic_profile(
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ProfileError(f"efficiency: must be in (0, 1], got {efficiency}")
     # A device's figures depend only on its type (and a spec's peak override) and its
-    # memory: derive them once per kind, not once per device (issue 20: at 16,384
-    # devices the per-device derivation was most of the time `hetsched plan` took).
-    figures: dict[tuple[str, float, str], _DeviceFigures] = {}
-    capacities: dict[int, int] = {}
-    static_bytes = model.model_state_bytes
-    # the precision depends on the type alone: resolved at the first device of each type,
-    # so an error still names the first device (in order) that cannot run it
-    precisions: dict[str, Precision] = {}
-    devices = []
+    # memory: derive them once per kind, keep them once per kind in a DeviceTable, and
+    # give each device only its id and node (issue 20: at 16,384 devices the per-device
+    # derivation, then the per-device DeviceProfile, was most of what `hetsched plan` took).
+    derive = _KindFigures(
+        model=model,
+        cluster=cluster,
+        efficiency=efficiency,
+        simulated=simulated,
+        precision=precision or "fp32",
+    )
+    kinds: dict[tuple[str, float, float], int] = {}
+    firsts: list[DeviceProfile] = []
+    kind_of: list[int] = []
     for d in cluster.devices:
-        chosen = precisions.get(d.type)
-        if chosen is None:
-            chosen = precisions[d.type] = device_precision(d.type, precision or "fp32", device=d.id)
-        kind = (d.type, d.peak_tflops, chosen)
-        if kind not in figures:
-            rates = rates_at(
-                lookup(d.type), chosen, tensor_tflops=d.peak_tflops, flops_share=efficiency
-            )
-            figures[kind] = _DeviceFigures.of(layers_at(analytic_layers(model, rates), chosen))
-        memory_bytes = d.memory_bytes
-        if memory_bytes not in capacities:
-            capacities[memory_bytes] = usable_capacity_bytes(
-                memory_bytes, simulated=simulated, memory_scale=cluster.simulation.memory_scale
-            )
-        f = figures[kind]
-        devices.append(
-            DeviceProfile(
-                id=d.id,
-                node=d.node,
-                type=d.type,
-                capacity_bytes=capacities[memory_bytes],
-                static_bytes=static_bytes,
-                per_sample_bytes=f.per_sample_bytes,
-                fixed_s=f.fixed_s,
-                per_sample_s=f.per_sample_s,
-                layers=f.layers,
-                selective=f.selective,
-                full=f.full,
-                precision=chosen,
-            )
-        )
+        key = (d.type, d.peak_tflops, d.memory_gb)
+        kind = kinds.get(key)
+        if kind is None:
+            kind = kinds[key] = len(firsts)
+            firsts.append(derive.device(d))
+        kind_of.append(kind)
+    devices = DeviceTable(
+        kinds=firsts,
+        kind_of=kind_of,
+        ids=[d.id for d in cluster.devices],
+        nodes=[d.node for d in cluster.devices],
+    )
     return Profile(
         model=model.name,
-        devices=tuple(devices),
+        devices=devices,
         links=cluster.links,
         gradient_bytes=model.gradient_bytes,
         source="analytic",

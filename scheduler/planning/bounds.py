@@ -28,12 +28,15 @@ by bisection on the time, vectorised over sizes and pipelines.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler.cost.costmodel import ceil_div
+from scheduler.cost.costs import LayerCost
 from scheduler.cost.profile import DeviceProfile
 from scheduler.hardware.cluster import Links
 from scheduler.planning.stages import exchange_s, layers_of, link_gbps, transfer_s
@@ -54,16 +57,23 @@ def _pipeline_figures(group: Sequence[DeviceProfile], links: Links) -> FloatArra
         lp = layers_of(d)
         first, last = s == 0, s == p - 1
         ends = ([lp.embed] if first else []) + ([lp.head] if last else [])
-        options = lp.block.options()
+        least_fixed, least_per_sample = _least_block(lp.block)
         rows[0, s] = sum(c.fixed_s for c in ends) + exchange_s(first=first, last=last)
         rows[1, s] = sum(c.per_sample_s for c in ends)
-        rows[2, s] = min(o.fixed_s for o in options)
-        rows[3, s] = min(o.per_sample_s for o in options)
+        rows[2, s] = least_fixed
+        rows[3, s] = least_per_sample
     rows[4, 0] = sum(
         2 * transfer_s(layers_of(a).boundary_bytes_per_sample, link_gbps(links, a, b))
         for a, b in zip(group, group[1:], strict=False)
     )
     return rows
+
+
+@functools.lru_cache(maxsize=1024)
+def _least_block(block: LayerCost) -> tuple[float, float]:
+    """The least fixed and the least per-sample seconds of ``block`` over its modes."""
+    options = block.options()
+    return min(o.fixed_s for o in options), min(o.per_sample_s for o in options)
 
 
 def _least_slowest_stage(
@@ -142,3 +152,35 @@ def step_lower_bounds(
         lo = np.where(enough, lo, mid)
     bounds: list[float] = (lo * (1 - SAFETY)).tolist()
     return bounds
+
+
+def single_pipeline_lower_bound(
+    devices: Sequence[DeviceProfile], global_batch: int, sizes: Sequence[int]
+) -> float:
+    """A lower bound on the step time of every single pipeline over (some of) ``devices``
+    with micro-batches of at most one of ``sizes`` (the global batch cut into ``m =
+    ⌈B/size⌉`` as equal as integers allow), as
+    :func:`scheduler.planning.pipeline.best_pipeline` tries them.
+
+    A pipeline of ``p ≤ L + 2`` stages (a middle stage needs a block) runs ``m``
+    micro-batches of ``b`` samples in ``Σ_s t_s + (m − 1)·max_s t_s``. Its ``L`` blocks
+    run somewhere, each at least ``c(b) = min_d min_r fixed_r + b·min_r per_sample_r``
+    (the fastest device's fastest mode), so ``Σ_s t_s ≥ L·c(b)`` and ``max_s t_s ≥
+    L·c(b)/(L + 2)``; communication only adds. Memory is ignored, which only lowers it.
+    The hybrid planner skips the single pipeline when this exceeds the fastest grouping:
+    at thousands of devices it is slower by orders of magnitude, and searching it was a
+    quarter of a 4,096-device plan (issue 20).
+    """
+    # the fastest block figures of every distinct layer profile (one per kind)
+    distinct = {id(d.layers): layers_of(d) for d in devices}.values()
+    options = [o for lp in distinct for o in lp.block.options()]
+    least_fixed = min(o.fixed_s for o in options)
+    least_per_sample = min(o.per_sample_s for o in options)
+    num_blocks = layers_of(devices[0]).num_blocks
+    bound = math.inf
+    for size in sizes:
+        num_micro = ceil_div(global_batch, size)
+        block = least_fixed + ceil_div(global_batch, num_micro) * least_per_sample
+        total = num_blocks * block
+        bound = min(bound, total + (num_micro - 1) * total / (num_blocks + 2))
+    return bound * (1 - SAFETY)

@@ -8,18 +8,26 @@ arrays of the usable devices, so 16,384 devices plan in a fraction of a second.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler.cost.costmodel import ring_allreduce_s, slowest_link_gbps
 from scheduler.cost.profile import DeviceProfile, Profile
+from scheduler.cost.table import DeviceTable
 from scheduler.errors import PlanError
-from scheduler.models.activations import RECOMPUTE_MODES, Recompute
-from scheduler.planning.plan import Baseline, DevicePlan, Excluded, Plan, check_global_batch
+from scheduler.models.activations import RECOMPUTE_MODES
+from scheduler.planning.plan import (
+    Baseline,
+    DevicePlanTable,
+    Excluded,
+    Plan,
+    check_global_batch,
+)
 from scheduler.units import format_bytes
 
 FloatArray = npt.NDArray[np.float64]
@@ -63,11 +71,17 @@ class _Group:
 
     Rows are recomputation modes (:data:`RECOMPUTE_MODES`), columns devices; a mode a
     device lacks, or in which one sample does not fit, has ``max_micro`` 0. Devices with
-    identical figures form one *kind* (the ``kind_*`` arrays, one column per kind): an
-    analytic profile of 16,384 devices has a few dozen kinds, and the search runs on
-    those (:func:`_optimal`)."""
+    identical figures form one *kind* (the ``kind_*`` arrays, one column per kind, the
+    kinds of the profile's :class:`~scheduler.cost.table.DeviceTable`, or of
+    :func:`_kinds`): an analytic profile of 16,384 devices has a few dozen kinds, and the
+    search runs on those (:func:`_optimal`)."""
 
-    devices: tuple[DeviceProfile, ...]
+    kinds: Sequence[DeviceProfile]
+    """One device of each kind."""
+    all_ids: Sequence[str]
+    """The profile's device ids, in order."""
+    rows: IntArray
+    """Each device's position among the profile's devices, in device order."""
     max_micro: IntArray
     """Largest micro-batch that fits, per mode and device."""
     fixed_s: FloatArray
@@ -80,20 +94,30 @@ class _Group:
     kind_max_micro: IntArray
     kind_fixed_s: FloatArray
     kind_per_sample_s: FloatArray
+    kind_per_sample_bytes: IntArray
+    """Activation bytes per sample, per mode and kind (0 where it lacks the mode)."""
 
     def subset(self, mask: npt.NDArray[np.bool_]) -> _Group:
-        return _Group(
-            devices=tuple(d for d, keep in zip(self.devices, mask.tolist(), strict=True) if keep),
+        return replace(
+            self,
+            rows=self.rows[mask],
             max_micro=self.max_micro[:, mask],
             fixed_s=self.fixed_s[:, mask],
             per_sample_s=self.per_sample_s[:, mask],
             node_codes=self.node_codes[mask],
-            nodes=self.nodes,
             kind_of=self.kind_of[mask],
-            kind_max_micro=self.kind_max_micro,
-            kind_fixed_s=self.kind_fixed_s,
-            kind_per_sample_s=self.kind_per_sample_s,
         )
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def ids(self) -> list[str]:
+        """The devices' ids, in device order."""
+        ids = self.all_ids
+        if len(self.rows) == len(ids):  # every device of the profile, in its order
+            return list(ids)
+        return [ids[i] for i in self.rows.tolist()]
 
     @property
     def fastest_per_sample_s(self) -> FloatArray:
@@ -127,26 +151,44 @@ def _busy_by_mode(m: IntArray, f: FloatArray, p: FloatArray, samples: IntArray) 
     return out
 
 
-def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float]]:
-    """One device's ``(max_micro, fixed_s, per_sample_s)`` per mode (RECOMPUTE_MODES order)."""
+def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float], list[int]]:
+    """One device's ``(max_micro, fixed_s, per_sample_s, per_sample_bytes)`` per mode
+    (RECOMPUTE_MODES order)."""
     max_micro = [d.max_micro_batch(), 0, 0]
     fixed_s = [d.fixed_s, 1.0, 1.0]
     per_sample_s = [d.per_sample_s, 1.0, 1.0]
+    per_sample_bytes = [d.per_sample_bytes, 0, 0]
     for row, cost in ((1, d.selective), (2, d.full)):
         if cost is not None:
             max_micro[row] = d.max_micro_batch(cost.per_sample_bytes)
             fixed_s[row] = d.fixed_s if cost.fixed_s is None else cost.fixed_s
             per_sample_s[row] = cost.per_sample_s
-    return max_micro, fixed_s, per_sample_s
+            per_sample_bytes[row] = cost.per_sample_bytes
+    return max_micro, fixed_s, per_sample_s, per_sample_bytes
 
 
-def _group(devices: Sequence[DeviceProfile]) -> _Group:
-    # Devices are of one kind when they share every figure the search reads. The key
-    # holds the recomputation figures by identity (an analytic profile shares one object
-    # per kind; equal figures in distinct objects only make more kinds, never wrong ones).
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Kinds:
+    """Devices by kind, as the data-parallel search tells them apart: one device of each
+    kind, and each device's kind, id and node."""
+
+    kinds: Sequence[DeviceProfile]
+    kind_of: Sequence[int]
+    ids: Sequence[str]
+    nodes: Sequence[str]
+
+
+def _kinds(devices: Sequence[DeviceProfile]) -> _Kinds:
+    """A table's own kinds; else kinds of the figures the search reads and the precision
+    its entries carry (not the per-layer figures: a measured profile has an object of
+    them per device, and they do not count here)."""
+    if isinstance(devices, DeviceTable):
+        return _Kinds(
+            kinds=devices.kinds, kind_of=devices.kind_of, ids=devices.ids, nodes=devices.nodes
+        )
     kinds: dict[tuple[object, ...], int] = {}
-    nodes: dict[str, int] = {}
-    kind_of, node_codes, firsts = [], [], []
+    firsts: list[DeviceProfile] = []
+    kind_of = []
     for d in devices:
         key = (
             d.capacity_bytes,
@@ -155,47 +197,84 @@ def _group(devices: Sequence[DeviceProfile]) -> _Group:
             d.fixed_s,
             d.per_sample_s,
             d.micro_batch_limit,
-            id(d.selective),
+            d.precision,
+            id(d.selective),  # by identity: equal figures in two objects only make two kinds
             id(d.full),
         )
         kind = kinds.get(key)
         if kind is None:
-            kind = kinds[key] = len(kinds)
+            kind = kinds[key] = len(firsts)
             firsts.append(d)
         kind_of.append(kind)
-        node_codes.append(nodes.setdefault(d.node, len(nodes)))
-    columns = [_kind_columns(d) for d in firsts]
-    kind_max_micro = np.array([c[0] for c in columns], dtype=np.int64).T.reshape(3, -1)
-    kind_fixed_s = np.array([c[1] for c in columns], dtype=np.float64).T.reshape(3, -1)
-    kind_per_sample_s = np.array([c[2] for c in columns], dtype=np.float64).T.reshape(3, -1)
-    of = np.array(kind_of, dtype=np.int64)
-    return _Group(
-        devices=tuple(devices),
-        max_micro=kind_max_micro[:, of],
-        fixed_s=kind_fixed_s[:, of],
-        per_sample_s=kind_per_sample_s[:, of],
-        node_codes=np.array(node_codes, dtype=np.int64),
-        nodes=tuple(nodes),
-        kind_of=of,
-        kind_max_micro=kind_max_micro,
-        kind_fixed_s=kind_fixed_s,
-        kind_per_sample_s=kind_per_sample_s,
+    return _Kinds(
+        kinds=firsts, kind_of=kind_of, ids=[d.id for d in devices], nodes=[d.node for d in devices]
     )
 
 
-def _prepare(profile: Profile) -> tuple[_Group, list[Excluded]]:
-    """The usable devices as a group, the others with a reason; PlanError if none."""
-    usable, excluded = split_fitting(profile)
-    if not usable:
-        reasons = "; ".join(f"{e.id}: {e.reason}" for e in excluded[:3])
-        more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
-        raise PlanError(f"no device can hold the model: {reasons}{more}")
-    return _group(usable), excluded
+def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
+    """The usable devices as a group, the others with a reason; PlanError if none.
+
+    Everything per device is an array indexed by kind (one Python step per kind, a few
+    per device), so a profile of 16,384 devices prepares in milliseconds."""
+    table = _kinds(devices)
+    fits = [k.fits_one_sample() for k in table.kinds]
+    kind_of = np.array(table.kind_of, dtype=np.int64)
+    if all(fits):
+        rows = np.arange(len(table.ids), dtype=np.int64)
+        excluded: list[Excluded] = []
+    else:
+        usable = np.array(fits, dtype=np.bool_)[kind_of]
+        rows = np.flatnonzero(usable)
+        reasons = [
+            None if ok else _exclusion(k).reason for k, ok in zip(table.kinds, fits, strict=True)
+        ]
+        excluded = [
+            Excluded(id=table.ids[i], reason=str(reasons[table.kind_of[i]]))
+            for i in np.flatnonzero(~usable).tolist()
+        ]
+        if not len(rows):
+            shown = "; ".join(f"{e.id}: {e.reason}" for e in excluded[:3])
+            more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
+            raise PlanError(f"no device can hold the model: {shown}{more}")
+    # node names in order of first appearance, then each device's index among them
+    node_index = {n: i for i, n in enumerate(dict.fromkeys(table.nodes))}
+    node_codes = np.fromiter(map(node_index.__getitem__, table.nodes), np.int64, len(table.ids))
+    columns = [_kind_columns(k) for k in table.kinds]
+
+    def by_mode(i: int) -> list[list[float]]:  # (modes, kinds): column i of each kind
+        return [list(row) for row in zip(*(c[i] for c in columns), strict=True)]
+
+    kind_max_micro: IntArray = np.array(by_mode(0), dtype=np.int64)
+    kind_fixed_s: FloatArray = np.array(by_mode(1), dtype=np.float64)
+    kind_per_sample_s: FloatArray = np.array(by_mode(2), dtype=np.float64)
+    kind_bytes: IntArray = np.array(by_mode(3), dtype=np.int64)
+    of = kind_of[rows]
+    return (
+        _Group(
+            kinds=table.kinds,
+            all_ids=table.ids,
+            rows=rows,
+            max_micro=kind_max_micro[:, of],
+            fixed_s=kind_fixed_s[:, of],
+            per_sample_s=kind_per_sample_s[:, of],
+            node_codes=node_codes[rows],
+            nodes=tuple(node_index),
+            kind_of=of,
+            kind_max_micro=kind_max_micro,
+            kind_fixed_s=kind_fixed_s,
+            kind_per_sample_s=kind_per_sample_s,
+            kind_per_sample_bytes=kind_bytes,
+        ),
+        excluded,
+    )
 
 
-def _step_s(profile: Profile, group: _Group, samples: IntArray) -> tuple[float, float]:
-    """``(compute_s, comm_s)`` of a split: slowest device, then the ring all-reduce."""
-    compute = float(group.busy_s(samples).max())
+def _step_s(
+    profile: Profile, group: _Group, samples: IntArray, busy: FloatArray | None = None
+) -> tuple[float, float]:
+    """``(compute_s, comm_s)`` of a split: slowest device, then the ring all-reduce
+    (``busy``: the devices' busy times, when already known)."""
+    compute = float((group.busy_s(samples) if busy is None else busy).max())
     active = samples > 0
     on = np.zeros(len(group.nodes), dtype=np.bool_)
     on[group.node_codes[active]] = True  # a mask, not np.unique: no sort of every device
@@ -299,9 +378,16 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
     heap = [(busy(k, counts[k] + 1), by_kind[starts[k]], k) for k in range(len(counts)) if sizes[k]]
     heapq.heapify(heap)
     while missing > 0:
-        _, _, k = heapq.heappop(heap)
-        promoted[k] += 1
-        missing -= 1
+        cost, _, k = heapq.heappop(heap)
+        # The kind's devices still at its lower count all cost `cost` for their next sample;
+        # one pop each would take them in index order while they stay below the heap's next
+        # entry: all of them, or (on a tie in cost) those of lower index than that entry's.
+        first, end = starts[k] + promoted[k], starts[k] + sizes[k]
+        if heap and heap[0][0] == cost:
+            end = max(bisect.bisect_left(by_kind, heap[0][1], first, end), first + 1)
+        take = min(end - first, missing)
+        promoted[k] += take
+        missing -= take
         if promoted[k] == sizes[k]:  # every device of the kind moved up one
             counts[k] += 1
             promoted[k] = 0
@@ -327,7 +413,10 @@ def optimal_split(devices: Sequence[DeviceProfile], global_batch: int) -> list[i
 
     Every device must fit a micro-batch of one sample (see :func:`split_fitting`).
     """
-    counts: list[int] = _optimal(_group(devices), global_batch).tolist()
+    group, excluded = _prepare(devices)
+    if excluded:
+        raise PlanError(f"optimal_split: {excluded[0].id}: {excluded[0].reason}")
+    counts: list[int] = _optimal(group, global_batch).tolist()
     return counts
 
 
@@ -354,7 +443,7 @@ def proportional_split(weights: Sequence[float], global_batch: int) -> list[int]
 
 def _even(group: _Group, global_batch: int) -> IntArray:
     """DDP's split: every usable device the same share, as equal as integers allow."""
-    return _largest_remainder(np.ones(len(group.devices)), global_batch)
+    return _largest_remainder(np.ones(group.size), global_batch)
 
 
 def _proportional(group: _Group, global_batch: int) -> IntArray:
@@ -364,6 +453,7 @@ def _proportional(group: _Group, global_batch: int) -> IntArray:
 
 
 _SPLITS: dict[str, Callable[[_Group, int], IntArray]] = {
+    "optimal": _optimal,
     "even": _even,
     "proportional": _proportional,
 }
@@ -381,53 +471,72 @@ def _build(
     notes: Sequence[str] = (),
 ) -> Plan:
     """Turn a split into a plan: modes, micro-batches, offsets, predicted times."""
-    modes = group.modes(samples)
-    columns = np.arange(len(group.devices))
+    by_mode = group.busy_by_mode(samples)
+    modes = by_mode.argmin(axis=0)  # ties: less recomputation
+    busy = by_mode.min(axis=0)
+    columns = np.arange(group.size)
     max_micro = group.max_micro[modes, columns]
     num_micro = -(-samples // np.maximum(max_micro, 1))
     micro = np.where(samples > 0, -(-samples // np.maximum(num_micro, 1)), 0)
     offsets = np.cumsum(samples) - samples
-    busy = group.busy_s(samples)
-    entries = []
-    for d, n, mb, k, b, o, mode in zip(
-        group.devices,
-        samples.tolist(),
-        micro.tolist(),
-        num_micro.tolist(),
-        busy.tolist(),
-        offsets.tolist(),
-        modes.tolist(),
-        strict=True,
-    ):
-        recompute: Recompute = RECOMPUTE_MODES[mode] if n > 0 else "none"
-        per_sample_bytes = d.per_sample_bytes_with(recompute) or 0
-        entries.append(
-            DevicePlan(
-                id=d.id,
-                samples=n,
-                micro_batch=mb,
-                accum_steps=k,
-                busy_s=b,
-                peak_bytes=d.static_bytes + mb * per_sample_bytes,
-                offset=o,
-                recompute=recompute,
-                precision=d.precision,
-            )
-        )
-    compute, comm = _step_s(profile, group, samples)
+    # a device without samples runs no mode: "none", and its peak is its model states
+    modes = np.where(samples > 0, modes, 0)
+    kinds = group.kinds
+    static = np.array([k.static_bytes for k in kinds], dtype=np.int64)[group.kind_of]
+    peak = static + micro * group.kind_per_sample_bytes[modes, group.kind_of]
+    precision_of = [k.precision for k in kinds]
+    entries = DevicePlanTable(
+        ids=group.ids(),
+        samples=samples.tolist(),
+        micro_batch=micro.tolist(),
+        accum_steps=num_micro.tolist(),
+        busy_s=busy.tolist(),
+        peak_bytes=peak.tolist(),
+        offset=offsets.tolist(),
+        recompute=[RECOMPUTE_MODES[m] for m in modes.tolist()],
+        precision=[precision_of[k] for k in group.kind_of.tolist()],
+    )
+    compute, comm = _step_s(profile, group, samples, busy)
     return Plan(
         strategy=strategy,
         global_batch=int(samples.sum()),
         predicted_step_s=compute + comm,
         compute_s=compute,
         comm_s=comm,
-        devices=tuple(entries),
+        devices=entries,
         excluded=tuple(excluded),
         notes=tuple(notes),
     )
 
 
-def _dp(profile: Profile, group: _Group, excluded: list[Excluded], global_batch: int) -> Plan:
+class _Splits:
+    """The splits one planning call prices, each split and priced once: ``dp`` weighs
+    the baselines against its own split and the plan then reports them."""
+
+    def __init__(self, profile: Profile, group: _Group, global_batch: int) -> None:
+        self.profile, self.group, self.global_batch = profile, group, global_batch
+        self._priced: dict[str, tuple[IntArray, float]] = {}
+
+    def priced(self, name: str) -> tuple[IntArray, float]:
+        """``(samples, predicted step seconds)`` of the ``name`` split."""
+        if name not in self._priced:
+            split = _SPLITS[name](self.group, self.global_batch)
+            self._priced[name] = split, sum(_step_s(self.profile, self.group, split))
+        return self._priced[name]
+
+    def baselines(self) -> dict[str, Baseline]:
+        """Predicted step time of each baseline, without building its plan."""
+        out = {}
+        for name in BASELINES:
+            step = self.priced(name)[1]
+            out[name] = Baseline(
+                predicted_step_s=step,
+                predicted_samples_per_s=self.global_batch / step if step > 0 else 0.0,
+            )
+        return out
+
+
+def _dp(splits: _Splits, excluded: list[Excluded]) -> Plan:
     """The optimal split, or a cheaper-to-reduce one when its step is faster.
 
     Devices may end with zero samples when that is faster; they then sit out the
@@ -435,7 +544,8 @@ def _dp(profile: Profile, group: _Group, excluded: list[Excluded], global_batch:
     fastest single node alone (intra-node links) is planned too and the lower
     total step time kept.
     """
-    samples = _optimal(group, global_batch)
+    profile, group, global_batch = splits.profile, splits.group, splits.global_batch
+    samples, step = splits.priced("optimal")
     if len(group.nodes) > 1 and profile.gradient_bytes > 0:
         # The fastest node alone avoids the inter-node all-reduce; keep it when faster.
         speed = np.bincount(group.node_codes, weights=1.0 / group.fastest_per_sample_s)
@@ -443,49 +553,45 @@ def _dp(profile: Profile, group: _Group, excluded: list[Excluded], global_batch:
         on_node = group.node_codes == best
         one_node = group.subset(on_node)
         one_samples = _optimal(one_node, global_batch)
-        if sum(_step_s(profile, one_node, one_samples)) < sum(_step_s(profile, group, samples)):
+        if sum(_step_s(profile, one_node, one_samples)) < step:
             node = group.nodes[best]
-            left_out = [
-                Excluded(
-                    id=d.id,
-                    reason=f"idle: training on {node} alone avoids the "
-                    "inter-node all-reduce and is faster",
-                )
-                for d, keep in zip(group.devices, on_node.tolist(), strict=True)
-                if not keep
-            ]
+            reason = (
+                f"idle: training on {node} alone avoids the inter-node all-reduce and is faster"
+            )
+            left_out = [Excluded(id=i, reason=reason) for i in group.subset(~on_node).ids()]
             return _build("dp", profile, one_node, one_samples, [*excluded, *left_out])
     # The optimal split minimises the slowest device's busy time; the all-reduce is added
     # after. A baseline split on fewer devices can save more all-reduce than it loses in
     # compute (everything on one device: none at all), so dp is never slower than them.
-    chosen = min(
-        [samples, *(_SPLITS[name](group, global_batch) for name in BASELINES)],
-        key=lambda split: sum(_step_s(profile, group, split)),
+    chosen, _ = min(
+        (splits.priced(name) for name in ("optimal", *BASELINES)), key=lambda priced: priced[1]
     )
     return _build("dp", profile, group, chosen, excluded)
 
 
-def _plan(
-    strategy: str, profile: Profile, group: _Group, excluded: list[Excluded], global_batch: int
-) -> Plan:
+def _plan(strategy: str, splits: _Splits, excluded: list[Excluded]) -> Plan:
     if strategy == "dp":
-        return _dp(profile, group, excluded, global_batch)
-    return _build(strategy, profile, group, _SPLITS[strategy](group, global_batch), excluded)
+        return _dp(splits, excluded)
+    return _build(strategy, splits.profile, splits.group, splits.priced(strategy)[0], excluded)
+
+
+def _planned(strategy: str, profile: Profile, global_batch: int) -> tuple[Plan, _Splits]:
+    check_global_batch(global_batch)
+    group, excluded = _prepare(profile.devices)
+    splits = _Splits(profile, group, global_batch)
+    return _plan(strategy, splits, excluded), splits
 
 
 def plan_dp(profile: Profile, global_batch: int) -> Plan:
-    check_global_batch(global_batch)
-    return _plan("dp", profile, *_prepare(profile), global_batch)
+    return _planned("dp", profile, global_batch)[0]
 
 
 def plan_even(profile: Profile, global_batch: int) -> Plan:
-    check_global_batch(global_batch)
-    return _plan("even", profile, *_prepare(profile), global_batch)
+    return _planned("even", profile, global_batch)[0]
 
 
 def plan_proportional(profile: Profile, global_batch: int) -> Plan:
-    check_global_batch(global_batch)
-    return _plan("proportional", profile, *_prepare(profile), global_batch)
+    return _planned("proportional", profile, global_batch)[0]
 
 
 DP_PLANNERS: dict[str, Callable[[Profile, int], Plan]] = {
@@ -501,32 +607,19 @@ def baseline_of(plan: Plan) -> Baseline:
     )
 
 
-def _baselines(profile: Profile, group: _Group, global_batch: int) -> dict[str, Baseline]:
-    """Predicted step time of each baseline, without building its plan."""
-    out = {}
-    for name in BASELINES:
-        step = sum(_step_s(profile, group, _SPLITS[name](group, global_batch)))
-        out[name] = Baseline(
-            predicted_step_s=step,
-            predicted_samples_per_s=global_batch / step if step > 0 else 0.0,
-        )
-    return out
-
-
 def plan_with_baselines(profile: Profile, global_batch: int, strategy: str) -> Plan:
     """The ``strategy`` plan (one of :data:`DP_PLANNERS`) with the ``even`` and
-    ``proportional`` baselines, the devices grouped once for all three."""
-    check_global_batch(global_batch)
-    group, excluded = _prepare(profile)
-    plan = _plan(strategy, profile, group, excluded, global_batch)
-    return plan.with_baselines(_baselines(profile, group, global_batch))
+    ``proportional`` baselines, the devices grouped and each split priced once."""
+    plan, splits = _planned(strategy, profile, global_batch)
+    return plan.with_baselines(splits.baselines())
 
 
 def dp_baselines(profile: Profile, global_batch: int, *, with_dp: bool) -> dict[str, Baseline]:
     """The ``even`` and ``proportional`` baselines, and ``dp`` when ``with_dp``, for a
     plan of another strategy; :class:`PlanError` when no device holds the whole model."""
-    group, excluded = _prepare(profile)
-    baselines = _baselines(profile, group, global_batch)
+    group, excluded = _prepare(profile.devices)
+    splits = _Splits(profile, group, global_batch)
+    baselines = splits.baselines()
     if with_dp:
-        baselines["dp"] = baseline_of(_dp(profile, group, excluded, global_batch))
+        baselines["dp"] = baseline_of(_dp(splits, excluded))
     return baselines

@@ -15,9 +15,13 @@ from dataclasses import dataclass
 from scheduler.cost.costmodel import ceil_div, ring_allreduce_s
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
-from scheduler.planning.bounds import step_lower_bounds
+from scheduler.planning.bounds import (
+    single_pipeline_lower_bound,
+    step_lower_bounds,
+)
 from scheduler.planning.pipeline import (
     LARGER_MICRO_BATCH_MARGIN,
+    StageBusy,
     TimedChoice,
     best_pipeline,
     exclusion_reason,
@@ -28,12 +32,15 @@ from scheduler.planning.pipeline import (
     stage_plans,
 )
 from scheduler.planning.plan import DevicePlan, Excluded, Plan, check_global_batch
+from scheduler.planning.replicas import Replicas, bind
+from scheduler.planning.replicas import allocate as allocate_replicas
+from scheduler.planning.replicas import boundary_s as replica_boundary_s
+from scheduler.planning.replicas import sync_s as replica_sync_s
 from scheduler.planning.stages import (
     Chain,
-    Stage,
     StageCache,
     Tied,
-    boundary_s,
+    fits,
     in_flight_1f1b,
     layers_of,
     partition,
@@ -61,19 +68,23 @@ class Partitioner:
         self._cache: dict[tuple[int, ...], Chain | None] = {}
         self._figures: dict[tuple[int, object], int] = {}
         self._stage_cache = StageCache()
+        self._fits: dict[tuple[int, ...], bool] = {}
         self._codes: dict[str, int] = {}
         """Device id -> index of its figures: hashing a device's figures (layers with
         recomputation figures) once per plan rather than once per lookup."""
 
-    def _code(self, d: DeviceProfile) -> int:
+    def code(self, d: DeviceProfile) -> int:
+        """Index of ``d``'s figures: devices of one index partition alike."""
         code = self._codes.get(d.id)
         if code is None:
             code = self._figures.setdefault((d.capacity_bytes, d.layers), len(self._figures))
             self._codes[d.id] = code
         return code
 
-    def __call__(self, group: Group, micro_batch: int) -> Chain | None:
-        key = (micro_batch, *(self._code(d) for d in group))
+    def template(self, group: Group, micro_batch: int) -> Chain | None:
+        """The partition of pipelines like ``group`` (its stages' devices may be another
+        such pipeline's: only their figures count)."""
+        key = (micro_batch, *(self.code(d) for d in group))
         if key not in self._cache:
             self._cache[key] = partition(
                 group,
@@ -82,26 +93,26 @@ class Partitioner:
                 tied_state_bytes=self.tied.state_bytes,
                 cache=self._stage_cache,
             )
-        chain = self._cache[key]
-        if chain is None:
-            return None
-        # built directly: dataclasses.replace, per stage of every pipeline of every
-        # candidate micro-batch, was a tenth of a 4,096-device plan
-        stages = tuple(
-            Stage(
-                device=d,
-                first=st.first,
-                last=st.last,
-                time_s=st.time_s,
-                peak_bytes=st.peak_bytes,
-                recompute=st.recompute,
-            )
-            for st, d in zip(chain.stages, group, strict=True)
-        )
-        return Chain(stages=stages, micro_batch=chain.micro_batch)
+        return self._cache[key]
+
+    def __call__(self, group: Group, micro_batch: int) -> Chain | None:
+        """The partition of ``group`` on its own devices."""
+        template = self.template(group, micro_batch)
+        return None if template is None else bind(template, group)
 
     def fits(self, group: Group) -> bool:
-        return self(group, 1) is not None
+        """Whether one micro-batch of one sample fits a pipeline of ``group``."""
+        key = tuple(map(self.code, group))
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = fits(
+                group,
+                micro_batch=1,
+                in_flight=in_flight_1f1b(len(group), None),
+                tied_state_bytes=self.tied.state_bytes,
+                cache=self._stage_cache,
+            )
+        return found
 
 
 def _chain_until_fit(
@@ -159,10 +170,15 @@ def group_by_type(devices: Sequence[DeviceProfile], fits: Partitioner, stretch: 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HybridChoice(TimedChoice):
     grouping: str
-    chains: tuple[Chain, ...]
+    pipelines: tuple[tuple[Chain, Group], ...]
+    """Each pipeline's partition (on devices like its own) and its devices, in stage order."""
     counts: tuple[int, ...]
     """Micro-batches per pipeline."""
     samples: tuple[int, ...]
+
+    def chains(self) -> tuple[Chain, ...]:
+        """The pipelines partitioned on their own devices (built for the plan kept)."""
+        return tuple(bind(template, group) for template, group in self.pipelines)
 
 
 def allocate(
@@ -250,6 +266,49 @@ def sync_s(chains: Sequence[Chain], profile: Profile, tied: Tied) -> float:
     return max(per_device.values(), default=0.0)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Priced(TimedChoice):
+    """One micro-batch size of :func:`evaluate`: each kind's partition (None: it does not
+    fit) and each pipeline's micro-batches; device-bound chains only for the plan kept."""
+
+    templates: list[Chain | None]
+    counts: list[int]
+
+    @property
+    def micro_batch(self) -> int:
+        return next(t.micro_batch for t in self.templates if t is not None)
+
+    def choice(self, grouping: str, replicas: Replicas, global_batch: int) -> HybridChoice:
+        """The pipelines that have a partition, on their own devices, in order, with
+        their micro-batches and samples (micro-batches as equal as integers allow,
+        handed out in pipeline order)."""
+        kept = [j for j, k in enumerate(replicas.kind_of) if self.templates[k] is not None]
+        num_micro = sum(self.counts)
+        small, extra = divmod(global_batch, num_micro)
+        samples, taken = [], 0
+        for j in kept:
+            n = self.counts[j]
+            samples.append(n * small + max(0, min(taken + n, extra) - taken))
+            taken += n
+        return HybridChoice(
+            grouping=grouping,
+            pipelines=tuple(
+                (_template(self.templates, replicas.kind_of[j]), replicas.groups[j]) for j in kept
+            ),
+            counts=tuple(self.counts[j] for j in kept),
+            samples=tuple(samples),
+            compute_s=self.compute_s,
+            comm_s=self.comm_s,
+        )
+
+
+def _template(templates: Sequence[Chain | None], kind: int) -> Chain:
+    template = templates[kind]
+    if template is None:
+        raise PlanError(f"hybrid: pipeline kind {kind} has no partition")
+    return template
+
+
 def evaluate(
     grouping: str,
     groups: Sequence[Group],
@@ -266,42 +325,49 @@ def evaluate(
     :func:`micro_batch_candidates` size); once a bound exceeds the fastest step found by
     more than the margin within which a larger micro-batch is preferred, no size left
     can change the choice, and the search stops."""
-    choices: list[HybridChoice] = []
     sizes = micro_batch_candidates(global_batch)
     if bounds is None:
         bounds = step_lower_bounds(groups, global_batch, sizes, profile.links)
+    replicas = Replicas.of(groups, partitioner.code)
+    kinds = range(len(replicas.members))
+    choices: list[_Priced] = []
     fastest = math.inf
     for bound, size in sorted(zip(bounds, sizes, strict=True)):
         if bound > fastest * (1 + LARGER_MICRO_BATCH_MARGIN):
             break
         num_micro = ceil_div(global_batch, size)
         micro = ceil_div(global_batch, num_micro)
-        chains = [c for g in groups if (c := partitioner(g, micro)) is not None]
-        if not chains:
+        templates = [partitioner.template(replicas.first(k), micro) for k in kinds]
+        if all(t is None for t in templates):
             continue
-        comm = [boundary_s(c, profile.links) for c in chains]
-        counts = allocate(chains, comm, num_micro)
-        active = [(c, n, t) for c, n, t in zip(chains, counts, comm, strict=True) if n > 0]
-        compute = max(c.compute_s(n) for c, n, _ in active)
-        slowest = max(c.compute_s(n) + t for c, n, t in active)
-        sync = sync_s([c for c, _, _ in active], profile, partitioner.tied)
-        # samples: micro-batches as equal as integers allow, handed out in pipeline order
-        small, extra = divmod(global_batch, num_micro)
-        samples, taken = [], 0
-        for n in counts:
-            samples.append(sum(small + (1 if i < extra else 0) for i in range(taken, taken + n)))
-            taken += n
-        choice = HybridChoice(
-            grouping=grouping,
-            chains=tuple(chains),
-            counts=tuple(counts),
-            samples=tuple(samples),
-            compute_s=compute,
-            comm_s=slowest - compute + sync,
+        comm = [
+            0.0 if t is None else replica_boundary_s(t, replicas.same_node[k], profile.links)
+            for k, t in enumerate(templates)
+        ]
+        counts = allocate_replicas(replicas, templates, comm, num_micro)
+        # the slowest pipeline, over the distinct (kind, count) of those with micro-batches
+        running = {(replicas.kind_of[j], n) for j, n in enumerate(counts) if n > 0}
+        compute = max(_template(templates, k).compute_s(n) for k, n in running)
+        slowest = max(_template(templates, k).compute_s(n) + comm[k] for k, n in running)
+        sync = replica_sync_s(
+            replicas,
+            templates,
+            counts,
+            gradient_bytes=profile.gradient_bytes,
+            links=profile.links,
+            tied=partitioner.tied,
         )
-        choices.append(choice)
-        fastest = min(fastest, choice.step_s)
-    return prefer_larger_micro_batches(choices, lambda c: c.chains[0].micro_batch)
+        choices.append(
+            _Priced(
+                templates=templates,
+                counts=counts,
+                compute_s=compute,
+                comm_s=slowest - compute + sync,
+            )
+        )
+        fastest = min(fastest, choices[-1].step_s)
+    best = prefer_larger_micro_batches(choices, lambda c: c.micro_batch)
+    return None if best is None else best.choice(grouping, replicas, global_batch)
 
 
 def _evaluate_variants(
@@ -316,6 +382,7 @@ def _evaluate_variants(
     choice would be slower than that one). The fastest of the result is the fastest of
     all groupings, exactly."""
     sizes = micro_batch_candidates(global_batch)
+    # step_lower_bounds is looked up at the call: a test swaps in zeros to search unpruned
     bounds = {
         i: step_lower_bounds(groups, global_batch, sizes, profile.links)
         for i, (_, groups) in enumerate(variants)
@@ -327,7 +394,14 @@ def _evaluate_variants(
         if min(bounds[i]) > fastest:
             continue
         name, groups = variants[i]
-        choice = evaluate(name, groups, global_batch, profile, partitioner, bounds=bounds[i])
+        choice = evaluate(
+            name,
+            groups,
+            global_batch,
+            profile,
+            partitioner,
+            bounds=bounds[i],
+        )
         if choice is not None:
             chosen[i] = choice
             fastest = min(fastest, choice.step_s)
@@ -343,9 +417,11 @@ def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
     ``type`` — devices of one type on one node form pipelines of the shortest
     length that holds the model (and of twice that, fewer bubbles per device vs.
     larger micro-batches), leftovers chained by memory; ``single`` — the best
-    single pipeline over all devices (the ``pp`` plan). Identical pipelines are
-    partitioned once (memoised by their devices' figures), which keeps a
-    512-device plan to about a second.
+    single pipeline over all devices (the ``pp`` plan), searched only when a bound
+    (:func:`~scheduler.planning.bounds.single_pipeline_lower_bound`) says it could beat
+    the fastest grouping. Pipelines of one kind are partitioned, priced and given
+    micro-batches once per kind (:mod:`scheduler.planning.replicas`), which keeps a
+    4,096-device plan to about half a second.
     """
     check_global_batch(global_batch)
     usable = layer_usable(profile)
@@ -358,12 +434,20 @@ def plan_hybrid(profile: Profile, global_batch: int) -> Plan:
         ("type×2", group_by_type(usable, partitioner, 2)),
     ]
     candidates += _evaluate_variants(variants, global_batch, profile, partitioner)
-    single = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
+    # One pipeline over (some of) the devices, unless no single pipeline can beat the
+    # fastest grouping (then it could not be chosen: the first fastest candidate wins)
+    fastest = min((c.step_s for c in candidates), default=math.inf)
+    single = None
+    if (
+        single_pipeline_lower_bound(usable, global_batch, micro_batch_candidates(global_batch))
+        < fastest
+    ):
+        single = best_pipeline(usable, global_batch, links=profile.links, tied=tied)
     if single is not None:
         candidates.append(
             HybridChoice(
                 grouping="single",
-                chains=(single.chain,),
+                pipelines=((single.chain, tuple(st.device for st in single.chain.stages)),),
                 counts=(single.num_micro_batches,),
                 samples=(global_batch,),
                 compute_s=single.compute_s,
@@ -386,7 +470,9 @@ def _to_plan(
     entries: list[DevicePlan] = []
     excluded: list[Excluded] = []
     offset, index = 0, 0
-    for chain, n, samples in zip(best.chains, best.counts, best.samples, strict=True):
+    memo: StageBusy = {}
+    chains = best.chains()
+    for chain, n, samples in zip(chains, best.counts, best.samples, strict=True):
         if n == 0:
             excluded += [
                 Excluded(
@@ -398,7 +484,7 @@ def _to_plan(
             ]
             continue
         entries += stage_plans(
-            chain, pipeline=index, samples=samples, num_micro_batches=n, offset=offset
+            chain, pipeline=index, samples=samples, num_micro_batches=n, offset=offset, memo=memo
         )
         offset += samples
         index += 1
@@ -411,7 +497,7 @@ def _to_plan(
     excluded += [
         Excluded(id=d.id, reason=exclusion_reason(d, tied)) for d in usable if d.id not in used
     ]
-    running = [(n, c) for c, n in zip(best.chains, best.counts, strict=True) if n]
+    running = [(n, c) for c, n in zip(chains, best.counts, strict=True) if n]
     shares = ", ".join(f"{n}×{c.micro_batch}" for n, c in running)
     if len(running) > 8:
         lengths = sorted({len(c.stages) for _, c in running})

@@ -15,6 +15,7 @@ from scheduler.cost.costmodel import ceil_div
 from scheduler.cost.profile import DeviceProfile, Profile
 from scheduler.errors import PlanError
 from scheduler.hardware.cluster import Links
+from scheduler.models.activations import Recompute
 from scheduler.planning.plan import DevicePlan, Excluded, Plan, check_global_batch
 from scheduler.planning.stages import (
     Chain,
@@ -184,21 +185,39 @@ def prefer_larger_micro_batches(choices: Sequence[C], micro_batch: Callable[[C],
     return max(near, key=lambda c: (micro_batch(c), -c.step_s))
 
 
+StageBusy = dict[tuple[int, int, Recompute, bool, bool], tuple[float, float]]
+"""``(per micro-batch, per sample)`` seconds of a stage by ``(id of its layers, blocks,
+recompute, first, last)``: shared by the pipelines of one plan (:func:`stage_plans`)."""
+
+
 def stage_plans(
-    chain: Chain, *, pipeline: int, samples: int, num_micro_batches: int, offset: int
+    chain: Chain,
+    *,
+    pipeline: int,
+    samples: int,
+    num_micro_batches: int,
+    offset: int,
+    memo: StageBusy | None = None,
 ) -> list[DevicePlan]:
-    """Plan entries of one pipeline's devices (each processes all ``samples``)."""
+    """Plan entries of one pipeline's devices (each processes all ``samples``).
+
+    ``memo``: stage figures already computed for this plan's other pipelines (a hybrid
+    plan has thousands of like stages); the layers it is keyed by must outlive it."""
+    memo = {} if memo is None else memo
     out = []
     for s, st in enumerate(chain.stages):
         lp = layers_of(st.device)
         k = st.last - st.first
-        flags = {"first": s == 0, "last": s == len(chain.stages) - 1}
+        first, last = s == 0, s == len(chain.stages) - 1
         mode = st.recompute
-        busy = (
-            num_micro_batches * stage_time_s(lp, k, 0, recompute=mode, **flags)
-            + samples * stage_time_s(lp, k, 1, recompute=mode, **flags)
-            - samples * stage_time_s(lp, k, 0, recompute=mode, **flags)
-        )
+        key = (id(lp), k, mode, first, last)
+        figures = memo.get(key)
+        if figures is None:
+            fixed = stage_time_s(lp, k, 0, recompute=mode, first=first, last=last)
+            one = stage_time_s(lp, k, 1, recompute=mode, first=first, last=last)
+            figures = memo[key] = (fixed, one)
+        fixed, one = figures
+        busy = num_micro_batches * fixed + samples * one - samples * fixed
         out.append(
             DevicePlan(
                 id=st.device.id,

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from json.encoder import encode_basestring_ascii
 from typing import Any, Literal
 
+from scheduler.cost.table import ColumnRows
 from scheduler.errors import PlanError
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute
 
@@ -150,12 +152,141 @@ class DevicePlan:
         )
 
 
-_PLAIN_DEVICE_JSON = (
-    '{"id": %s, "samples": %d, "micro_batch": %d, "accum_steps": %d, "busy_s": %r, '
-    '"peak_bytes": %d, "offset": %d, "layers": null, "recompute": %s, "precision": %s}'
+_PLAIN_DEVICE_MIDDLE = (
+    ', "samples": %d, "micro_batch": %d, "accum_steps": %d, "busy_s": %r, '
+    '"peak_bytes": %d, "offset": '
 )
+_PLAIN_DEVICE_END = ', "layers": null, "recompute": %s, "precision": %s}'
+_PLAIN_DEVICE_JSON = '{"id": %s' + _PLAIN_DEVICE_MIDDLE + "%d" + _PLAIN_DEVICE_END
 """:meth:`DevicePlan.to_json` of an entry without layers, stage or shard: the keys of
 :meth:`DevicePlan.to_dict` in its order, with ``json``'s default separators."""
+
+
+class DevicePlanTable(ColumnRows[DevicePlan]):
+    """Data-parallel plan entries as columns, one list per :class:`DevicePlan` field,
+    in device order: what the ``dp``, ``even`` and ``proportional`` planners return.
+    A :class:`DevicePlan` is built only for the devices someone reads, and
+    :meth:`Plan.to_json` writes straight from the columns (issue 20: one object per
+    device, then one dict per device, were most of a 16,384-device plan). To its
+    readers it is a sequence of entries, equal to the tuple of the same entries."""
+
+    __slots__ = (
+        "accum_steps",
+        "busy_s",
+        "ids",
+        "micro_batch",
+        "offset",
+        "peak_bytes",
+        "precision",
+        "recompute",
+        "samples",
+    )
+
+    def __init__(
+        self,
+        *,
+        ids: Sequence[str],
+        samples: Sequence[int],
+        micro_batch: Sequence[int],
+        accum_steps: Sequence[int],
+        busy_s: Sequence[float],
+        peak_bytes: Sequence[int],
+        offset: Sequence[int],
+        recompute: Sequence[Recompute],
+        precision: Sequence[Precision],
+    ) -> None:
+        columns = (samples, micro_batch, accum_steps, busy_s, peak_bytes, offset)
+        if any(len(c) != len(ids) for c in (*columns, recompute, precision)):
+            raise PlanError("plan: device columns of unequal length")
+        for name, values, allowed in (
+            ("recompute", recompute, RECOMPUTE_MODES),
+            ("precision", precision, PRECISIONS),
+        ):
+            wrong = set(values) - set(allowed)
+            if wrong:
+                raise PlanError(
+                    f"plan: {name} {sorted(wrong)[0]!r} is not one of {', '.join(allowed)}"
+                )
+        self.ids, self.samples, self.micro_batch = tuple(ids), tuple(samples), tuple(micro_batch)
+        self.accum_steps, self.busy_s = tuple(accum_steps), tuple(busy_s)
+        self.peak_bytes, self.offset = tuple(peak_bytes), tuple(offset)
+        self.recompute, self.precision = tuple(recompute), tuple(precision)
+        super().__init__()
+
+    def _entry(self, i: int) -> DevicePlan:
+        return DevicePlan(
+            id=self.ids[i],
+            samples=self.samples[i],
+            micro_batch=self.micro_batch[i],
+            accum_steps=self.accum_steps[i],
+            busy_s=self.busy_s[i],
+            peak_bytes=self.peak_bytes[i],
+            offset=self.offset[i],
+            recompute=self.recompute[i],
+            precision=self.precision[i],
+        )
+
+    def json_entries(self) -> str:
+        """The entries as the JSON array's contents, each as :meth:`DevicePlan.to_json`
+        writes it, character for character. Entries differ mostly in their id and offset:
+        the rest is written once per distinct set of values, then pasted per device."""
+        if not all(math.isfinite(b) for b in self.busy_s):
+            return ", ".join(d.to_json() for d in self.rows())
+        distinct: dict[tuple[int, int, int, float, int, str, str], int] = {}
+        codes = [
+            distinct.setdefault(values, len(distinct))
+            for values in zip(
+                self.samples,
+                self.micro_batch,
+                self.accum_steps,
+                self.busy_s,
+                self.peak_bytes,
+                self.recompute,
+                self.precision,
+                strict=True,
+            )
+        ]
+        heads = [_PLAIN_DEVICE_MIDDLE % v[:5] for v in distinct]
+        tails = [
+            _PLAIN_DEVICE_END % (encode_basestring_ascii(v[5]), encode_basestring_ascii(v[6]))
+            for v in distinct
+        ]
+        return ", ".join(
+            [
+                f'{{"id": {i}{heads[c]}{o}{tails[c]}'
+                for i, c, o in zip(
+                    map(encode_basestring_ascii, self.ids), codes, self.offset, strict=True
+                )
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"DevicePlanTable({len(self.ids)} devices)"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # pickled (to Ray workers, into the job store) as its columns
+        return (_plan_table, tuple(getattr(self, name) for name in _PLAN_COLUMNS))
+
+
+_PLAN_COLUMNS = (
+    "ids",
+    "samples",
+    "micro_batch",
+    "accum_steps",
+    "busy_s",
+    "peak_bytes",
+    "offset",
+    "recompute",
+    "precision",
+)
+"""The columns of a :class:`DevicePlanTable`, in the order it pickles them."""
+
+
+def _plan_table(*columns: Any) -> DevicePlanTable:
+    return DevicePlanTable(**dict(zip(_PLAN_COLUMNS, columns, strict=True)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -184,7 +315,8 @@ class Plan:
     predicted_step_s: float
     compute_s: float
     comm_s: float
-    devices: tuple[DevicePlan, ...]
+    devices: Sequence[DevicePlan]
+    """In device order: a tuple, or a :class:`DevicePlanTable` (data-parallel plans)."""
     excluded: tuple[Excluded, ...] = ()
     baselines: dict[str, Baseline] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -229,7 +361,10 @@ class Plan:
         # of the empty list (the first "devices" key: only numbers and the strategy
         # name come before it)
         frame = json.dumps(self.to_dict(with_devices=False))
-        entries = ", ".join([d.to_json() for d in self.devices])
+        if isinstance(self.devices, DevicePlanTable):
+            entries = self.devices.json_entries()
+        else:
+            entries = ", ".join([d.to_json() for d in self.devices])
         return frame.replace('"devices": []', f'"devices": [{entries}]', 1)
 
 

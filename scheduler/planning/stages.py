@@ -326,39 +326,10 @@ def partition(
     ``cache``: stage costs shared by the partitions of one plan (:class:`StageCache`).
     """
     p = len(devices)
-    num_blocks = layers_of(devices[0]).num_blocks
-    for d in devices:
-        if layers_of(d).num_blocks != num_blocks:
-            raise PlanError(
-                f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
-                f"{devices[0].id} has {num_blocks}"
-            )
     memo = cache if cache is not None else StageCache()
-    arrays, keys = [], []
-    for s, d in enumerate(devices):
-        key: StageKey = (
-            id(layers_of(d)),
-            d.capacity_bytes,
-            micro_batch,
-            in_flight[s],
-            s == 0,
-            s == p - 1,
-            tied_state_bytes,
-        )
-        keys.append(key)
-        found = memo.arrays.get(key)
-        if found is None:
-            found = _stage_arrays(
-                d,
-                num_blocks,
-                micro_batch,
-                in_flight=in_flight[s],
-                first=s == 0,
-                last=s == p - 1,
-                tied_state_bytes=tied_state_bytes,
-            )
-            memo.arrays[key] = found
-        arrays.append(found)
+    num_blocks, arrays, keys = _chain_arrays(
+        devices, micro_batch, in_flight, tied_state_bytes, memo
+    )
     costs = [time for time, _ in arrays]
     best = _min_max_s(costs, num_blocks)
     if not math.isfinite(best):
@@ -395,6 +366,76 @@ def partition(
             )
         )
     return Chain(stages=tuple(stages), micro_batch=micro_batch)
+
+
+def _chain_arrays(
+    devices: Sequence[DeviceProfile],
+    micro_batch: int,
+    in_flight: Sequence[int],
+    tied_state_bytes: int,
+    memo: StageCache,
+) -> tuple[int, list[StageArrays], list[StageKey]]:
+    """The number of blocks, then each stage's :func:`_stage_arrays` and key."""
+    p = len(devices)
+    num_blocks = layers_of(devices[0]).num_blocks
+    for d in devices:
+        if layers_of(d).num_blocks != num_blocks:
+            raise PlanError(
+                f"profile: device {d.id} has {layers_of(d).num_blocks} blocks, "
+                f"{devices[0].id} has {num_blocks}"
+            )
+    arrays, keys = [], []
+    for s, d in enumerate(devices):
+        key: StageKey = (
+            id(layers_of(d)),
+            d.capacity_bytes,
+            micro_batch,
+            in_flight[s],
+            s == 0,
+            s == p - 1,
+            tied_state_bytes,
+        )
+        keys.append(key)
+        found = memo.arrays.get(key)
+        if found is None:
+            found = _stage_arrays(
+                d,
+                num_blocks,
+                micro_batch,
+                in_flight=in_flight[s],
+                first=s == 0,
+                last=s == p - 1,
+                tied_state_bytes=tied_state_bytes,
+            )
+            memo.arrays[key] = found
+        arrays.append(found)
+    return num_blocks, arrays, keys
+
+
+def fits(
+    devices: Sequence[DeviceProfile],
+    *,
+    micro_batch: int,
+    in_flight: Sequence[int],
+    tied_state_bytes: int = 0,
+    cache: StageCache | None = None,
+) -> bool:
+    """Whether :func:`partition` finds a split of these devices, without solving it.
+
+    A stage fits ``k`` blocks for every ``k`` up to its largest that fits (memory grows
+    with ``k`` in every mode), from 0 on the first and last stage and from 1 in the
+    middle; some block counts summing to ``L`` fit exactly when each stage fits its
+    least and those leasts and largests bracket ``L``."""
+    memo = cache if cache is not None else StageCache()
+    num_blocks, arrays, _ = _chain_arrays(devices, micro_batch, in_flight, tied_state_bytes, memo)
+    least = most = 0
+    for s, (time, _) in enumerate(arrays):
+        low = 0 if s in (0, len(arrays) - 1) else 1
+        finite = np.flatnonzero(np.isfinite(time))
+        if not len(finite) or finite[0] > low:
+            return False
+        least, most = least + low, most + int(finite[-1])
+    return least <= num_blocks <= most
 
 
 @functools.lru_cache(maxsize=64)
