@@ -18,7 +18,9 @@ class ProfileCreate(RequestModel):
     """Measure (or re-measure) the cluster's devices for a model."""
 
     model: ModelRef = "gpt-tiny"
-    devices: DeviceIds | None = None
+    devices: DeviceIds | None = Field(
+        default=None, description="Device ids to use; all when absent."
+    )
     refresh: bool = Field(default=False, description="Measure again even when cached.")
 
 

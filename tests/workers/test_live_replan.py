@@ -8,7 +8,8 @@ where it is cheap: tests/scheduler/test_replan.py drives the same monitor over 1
 steps of a mixed and of a homogeneous cluster under ±15 % noise, 20 seeds each.
 The steady runs here are as long as the slow-down run (``STEPS``): enough for the
 runtime's own measurements, past warm-up and calibration, to fill several
-hysteresis windows without a re-plan.
+hysteresis windows without a re-plan. The batch is small (``BATCH``) because a paced
+step's time follows its samples, and nothing here needs more than every device busy.
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 
 CLUSTER = make_cluster(["A100-80GB", "L4-24GB", "T4-16GB"])
 SAME = make_cluster(["A100-80GB", "A100-80GB"], name="same")
-BATCH = 24
-STEPS = 44
-"""The slow-down run's length (slowed at step 10, restored at 26), and the steady runs':
-the detector can first report at step 10 (2 warm-up and 8 calibration steps), so each
-steady run leaves 34 steps, almost seven 5-step windows, for a false re-plan to show."""
+BATCH = 12
+"""Every device gets samples (about 8, 3 and 1) and a/0's share can fall and rise again."""
+SLOW_AT, RESTORE_AT = 10, 20
+"""The slow-down's first step, and its restore's. The detector can first report at
+step 10 (2 warm-up and 8 calibration steps); it reports a change after 5 out-of-band
+steps (by step 14), re-planned devices skip 2 more (15, 16) and steps 17-19 are in the
+slowed regime, so the restore is seen from step 20 and reported by step 24."""
+STEPS = 32
+"""The slow-down run's length (8 steps after its restore is reported), and the steady
+runs': each leaves 22 steps past calibration, over four 5-step windows, for a false
+re-plan to show."""
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +91,19 @@ def test_a_3x_slowdown_is_followed_once_and_its_restore_back_and_training_is_unc
     pool, cache_dir, steady
 ) -> None:
     plan, result, decisions = _run(
-        CLUSTER, pool, cache_dir, steps=STEPS, faults=["a/0@10:slow=3", "a/0@26:restore"]
+        CLUSTER,
+        pool,
+        cache_dir,
+        steps=STEPS,
+        faults=[f"a/0@{SLOW_AT}:slow=3", f"a/0@{RESTORE_AT}:restore"],
     )
-    (slowed,) = [d for d in decisions if d.step < 26]
-    assert 10 <= slowed.step <= 16, "within a few steps, never before the slow-down"
+    (slowed,) = [d for d in decisions if d.step < RESTORE_AT]
+    assert SLOW_AT <= slowed.step <= SLOW_AT + 6, "within a few steps, never before the slow-down"
     assert slowed.in_place
     before = {d.id: d.samples for d in plan.devices}
     after = {d.id: d.samples for d in slowed.new_plan.devices}
     assert after["a/0"] < before["a/0"] and sum(after.values()) == BATCH
-    restored = next(d for d in decisions if d.step >= 26)
+    restored = next(d for d in decisions if d.step >= RESTORE_AT)
     back = {d.id: d.samples for d in restored.new_plan.devices}
     assert back["a/0"] > after["a/0"]
     _, plain, _ = steady
