@@ -7,6 +7,7 @@ and are killed at the end of each test.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -38,20 +39,21 @@ MICRO_BATCH = 4
 STEPS = 4
 
 
-def _spin(core: int) -> None:
-    os.sched_setaffinity(0, {core})
+def _spin(core: int | None) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     while True:
         pass
 
 
 @contextmanager
-def burning_one_core(num_burners: int = BURNERS) -> Iterator[None]:
-    """This thread and ``num_burners`` busy loops on one core; all undone afterwards."""
+def burning(num_burners: int, *, core: int | None = None) -> Iterator[None]:
+    """``num_burners`` busy loops (on ``core`` with this thread, if given), killed after."""
     before = os.sched_getaffinity(0)
-    core = min(before)
     fork = multiprocessing.get_context("fork")  # a busy loop needs nothing imported
     burners = [fork.Process(target=_spin, args=(core,), daemon=True) for _ in range(num_burners)]
-    os.sched_setaffinity(0, {core})
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     for p in burners:
         p.start()
     try:
@@ -62,6 +64,11 @@ def burning_one_core(num_burners: int = BURNERS) -> Iterator[None]:
         for p in burners:
             p.join(timeout=10)
         os.sched_setaffinity(0, before)
+
+
+def burning_one_core() -> contextlib.AbstractContextManager[None]:
+    """This thread and :data:`BURNERS` busy loops on one core."""
+    return burning(BURNERS, core=min(os.sched_getaffinity(0)))
 
 
 def _paced_steps(device: SimulatedDevice, model: GPT) -> list:

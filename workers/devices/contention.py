@@ -178,12 +178,13 @@ class PaceCheck:
         load = ""
         if self.load is not None:
             load = (
-                f" ({self.load.others:.1f} other CPU-bound processes on {self.load.num_cpus} cores)"
+                f" (a thread got {self.load.cpu_share:.0%} of a core: about "
+                f"{self.load.others:.1f} other CPU-bound processes on {self.load.num_cpus} cores)"
             )
         return (
             f"host too busy{load}: simulated devices could not keep their GPUs' pace in "
             f"{wheres} ({worst.device_id} took {worst.ratio:.1f}x its paced "
-            f"{worst.paced_s * 1e3:.0f} ms at margin {self.margin:g}); its timings measure "
+            f"{worst.paced_s * 1e3:.0f} ms at margin {self.margin:g}); the timings measure "
             "this host, not the GPUs: rerun on a quieter host or raise HETSCHED_PACING_MARGIN"
         )
 
