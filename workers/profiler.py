@@ -4,6 +4,11 @@ Each device is measured in its warm worker (:mod:`workers.cluster.pool`) by
 :class:`workers.runtime.measure.Measurement`, simulated and real through the same
 code; links of a real cluster by a timed all-reduce (bus bandwidth, Patarasuk &
 Yuan 2009), a simulated cluster's from its spec.
+
+A simulated device's figures are its paced time only while the host kept up
+(:mod:`workers.devices.contention`): figures over their pacing are not cached,
+and :func:`simulation_pace` says whether a simulation's profile and runs can be
+trusted.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,10 +30,12 @@ from scheduler.models.presets import ModelPreset
 from workers.cluster.actors import gather, start_local_ray
 from workers.cluster.pool import WorkerPool
 from workers.devices.calibration import HostCalibration, default_cache_dir
+from workers.devices.contention import Lag, PaceCheck, lagging, profile_sizes, run_lags
 from workers.devices.device import TorchDevice
 from workers.devices.layer_profile import host_layers, measure_layers
-from workers.devices.pacing import Pacing, PacingOf, no_pacing, simulated_pacing
+from workers.devices.pacing import Pacing, PacingOf, no_pacing, pacing_margin, simulated_pacing
 from workers.errors import WorkerError
+from workers.runtime.measure import TIMING_SIZES
 
 PROFILE_TIMEOUT_S = 600.0
 PROFILE_VERSION = 5
@@ -117,9 +125,10 @@ def profile_devices(
         start_local_ray(cluster)
     elif pool is None:
         raise WorkerError("ray: not connected; call connect_ray(address) first")
-    # refresh re-measures the host calibration too: the pacing of later runs follows it.
+    # refresh re-measures the host calibration too, and every profile the host's
+    # contention: the pacing of later runs follows both.
     pacing_of = (
-        simulated_pacing(cluster, preset, cache_dir=cache_dir, refresh=refresh)
+        simulated_pacing(cluster, preset, cache_dir=cache_dir, refresh=refresh, probe=True)
         if simulated
         else no_pacing
     )
@@ -210,8 +219,54 @@ def _measure(
     folder.mkdir(parents=True, exist_ok=True)
     results = dict(zip(first_of, measured, strict=True))
     for key, out in results.items():
+        device_id = first_of[key]
+        pacing = pacing_of(device_id)[1]
+        if pacing is not None and figure_lags(device_id, out["figures"], pacing):
+            continue  # the host's time, not the GPU's: measure again next time
         (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
     return results
+
+
+def figure_lags(device_id: str, figures: dict[str, Any], pacing: Pacing) -> list[Lag]:
+    """Where a simulated device's profiled line exceeds its pacing: at the smallest and
+    the largest micro-batch it was timed at (the line's two ends)."""
+    limit = figures.get("max_micro_batch", figures.get("micro_batch_limit"))
+    lags = []
+    for m in profile_sizes(limit, TIMING_SIZES):
+        measured = figures["fixed_s"] + m * figures["per_sample_s"]
+        paced = pacing.target_s(m)
+        if lagging(measured, paced):
+            lags.append(
+                Lag(device_id=device_id, where="profile", measured_s=measured, paced_s=paced)
+            )
+    return lags[-1:]
+
+
+def simulation_pace(
+    cluster: Cluster,
+    preset: ModelPreset,
+    profile: Profile,
+    *,
+    runs: Sequence[tuple[str, Sequence[tuple[str, float, float]]]],
+    cache_dir: Path | None = None,
+) -> PaceCheck:
+    """Whether a simulation's devices kept their GPUs' pace, in its profile and its runs.
+
+    ``runs``: per strategy, ``(device id, measured busy_s, planned busy_s)`` of each
+    device (medians over the steps). The profile's figures are checked against the
+    pacing they were measured under (same margin and calibration: the cache key).
+    """
+    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir or default_cache_dir())
+    margin, load = pacing_margin(cluster)
+    lags: list[Lag] = []
+    for d in profile.devices:
+        pacing = pacing_of(d.id)[1]
+        if pacing is not None:
+            figures = {"fixed_s": d.fixed_s, "per_sample_s": d.per_sample_s}
+            lags += figure_lags(d.id, figures | {"max_micro_batch": d.micro_batch_limit}, pacing)
+    for strategy, devices in runs:
+        lags += run_lags(strategy, devices)
+    return PaceCheck(margin=margin, load=load, lags=tuple(lags))
 
 
 def _device_doc(

@@ -14,6 +14,11 @@ was evaluated (``--val-every``; by default ten times over runs of 20 steps or
 more); then the ideal (sum over devices of each one's best solo
 samples/s, from the profile) and the speed-up of dp over even. Progress goes
 to stderr; ``--json`` prints one JSON object to stdout and nothing else.
+
+When the host is too busy for the simulated devices to keep their GPUs' pace
+(other CPU-bound processes; :mod:`workers.devices.contention`), one warning
+line says so, the JSON's ``host`` says which devices lagged, and the figures
+that measure the host rather than the GPUs are marked ``host-bound``.
 """
 
 from __future__ import annotations
@@ -271,6 +276,9 @@ def simulate(
             )
             for strategy in strategies
         ]
+        pace = _pace_check(cluster, preset, profile, runs, cache_dir)
+        for r in runs:
+            r["trusted"] = not pace.untrusted(r["strategy"])
         return {
             "cluster": cluster.name,
             "model": preset.name,
@@ -282,7 +290,31 @@ def simulate(
             "ideal_samples_per_s": ideal_samples_per_s(profile),
             "runs": runs,
             "speedup_vs_even": _speedup_vs_even(runs),
+            "host": pace.to_dict(),
         }
+
+
+def _pace_check(
+    cluster: Cluster,
+    preset: ModelPreset,
+    profile: Profile,
+    runs: list[dict[str, Any]],
+    cache_dir: Path,
+) -> Any:
+    """Whether the devices kept their pace: in the profile, and in each data-parallel run
+    that kept its first plan (its devices' busy time against the plan's)."""
+    from workers.profiler import simulation_pace
+
+    judged = []
+    for r in runs:
+        if r["plan"]["strategy"] not in DP_STRATEGIES or r["replans"] or r["recoveries"]:
+            continue
+        planned = {d["id"]: d["busy_s"] for d in r["plan"]["devices"]}
+        busy = [
+            (d["id"], d["busy_s"], planned[d["id"]]) for d in r["devices"] if d["id"] in planned
+        ]
+        judged.append((r["strategy"], busy))
+    return simulation_pace(cluster, preset, profile, runs=judged, cache_dir=cache_dir)
 
 
 @contextmanager
@@ -432,7 +464,10 @@ def run(args: argparse.Namespace) -> int:
             init_from=args.init_from,
             precision=args.precision,
         )
+    warning = doc["host"]["warning"]
     if args.json:
+        if warning:
+            progress.say(f"warning: {warning}")
         print(json.dumps(doc))
     else:
         print(render(doc))
@@ -477,6 +512,7 @@ def render(doc: dict[str, Any]) -> str:
         f"hetsched simulate: cluster {doc['cluster']}, model {doc['model']}, "
         f"global batch {doc['global_batch']}, {doc['steps']} steps, seed {doc['seed']}",
         f"ideal {ideal:.1f} samples/s (each device's best solo rate, summed)",
+        *([f"warning: {doc['host']['warning']}"] if doc.get("host", {}).get("warning") else []),
         "",
         format_table(
             STRATEGY_COLUMNS, [_strategy_row(r, ideal) for r in doc["runs"]], right={1, 2, 3, 4, 5}
@@ -487,7 +523,12 @@ def render(doc: dict[str, Any]) -> str:
         name = best["strategy"]
         if best["plan"]["strategy"] != name:  # auto: say what it chose
             name += f" ({best['plan']['strategy']})"
-        lines += ["", f"{name} is {doc['speedup_vs_even']:.2f}x the samples/s of even (measured)"]
+        even = next(r for r in doc["runs"] if r["strategy"] == "even")
+        if best.get("trusted", True) and even.get("trusted", True):
+            speedup = f"{doc['speedup_vs_even']:.2f}x the samples/s of even (measured)"
+        else:
+            speedup = "not compared with even: host-bound (see the warning)"
+        lines += ["", f"{name} is {speedup}"]
     lines += ["", "per device (medians over the steps after the first):"]
     rows = [row for r in doc["runs"] for row in _device_rows(r)]
     lines.append(format_table(DEVICE_COLUMNS, rows, right={2, 4, 5, 6, 7}))
@@ -512,13 +553,16 @@ def _event_lines(runs: list[dict[str, Any]]) -> list[str]:
 
 def _strategy_row(r: dict[str, Any], ideal: float) -> list[str]:
     error = (r["measured_step_s"] - r["predicted_step_s"]) / r["predicted_step_s"]
+    trusted = r.get("trusted", True)  # else the host's pace, not the GPUs': not compared
     return [
         r["strategy"],
         _s(r["predicted_step_s"]),
         _s(r["measured_step_s"]),
-        f"{error:+.0%}",
+        f"{error:+.0%}" if trusted else "host-bound",
         f"{r['measured_samples_per_s']:.1f}",
-        f"{r['measured_samples_per_s'] / ideal:.0%}" if ideal else "-",
+        (f"{r['measured_samples_per_s'] / ideal:.0%}" if trusted else "host-bound")
+        if ideal
+        else "-",
         f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
         _val_summary(r.get("val_losses") or []),
     ]

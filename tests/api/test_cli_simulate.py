@@ -67,7 +67,11 @@ def test_simulate_json_prints_one_object_with_every_strategy(
         "ideal_samples_per_s",
         "runs",
         "speedup_vs_even",
+        "host",
     }
+    # whether the simulated devices kept their pace (one warning line when not)
+    assert set(doc["host"]) == {"keeps_pace", "warning", "margin", "load", "lags"}
+    assert (doc["host"]["warning"] is None) == doc["host"]["keeps_pace"]
     assert doc["precision"] == "fp32"  # the default: the arithmetic of earlier releases
     assert (doc["cluster"], doc["model"], doc["global_batch"], doc["steps"], doc["seed"]) == (
         "two-gpus",
@@ -91,6 +95,7 @@ def test_simulate_json_prints_one_object_with_every_strategy(
             "replans",
             "recoveries",
             "devices",
+            "trusted",
         }
         assert len(r["losses"]) == 3 and r["measured_step_s"] > 0
         # evaluated after step 1 (every second) and step 2 (the last), per step in the JSON

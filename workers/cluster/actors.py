@@ -52,6 +52,9 @@ def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
     runtime-env agents; ``include_dashboard=False`` only leaves out the web
     UI (the API server then runs with ``--disable-frontend``). Those
     processes are this Ray's and end with it (api/core/local_ray.py stops them).
+    ``worker_niceness`` 0: Ray starts its workers at nice 15 by default, and the
+    simulated devices then get a tiny share of the cores beside any other
+    CPU-bound process, keeping no pace at all on a host in use.
     ``address="local"``: without it ``ray.init`` joins any Ray that ``ray start``
     left running on this machine (it looks for their GCS processes), and a
     simulation would run on someone else's cluster, or fail to start.
@@ -65,6 +68,7 @@ def _init_local(cluster: Cluster, *, num_cpus: int) -> None:
         logging_level="ERROR",
         log_to_driver=False,
         configure_logging=True,
+        _system_config={"worker_niceness": 0},
     )
 
 

@@ -3,10 +3,11 @@
 Simulated devices are paced relative to it (:mod:`workers.devices.device`): device
 ``i`` takes ``K · (speed_max / speed_i) · t_host(m)`` per micro-batch of
 ``m`` samples. ``t_host(m) = fixed_s + m · per_sample_s`` is fitted by least
-squares on the minimum of several single-thread runs per size (the minimum is
-the uncontended time, even while other processes share the cores). It is
-measured once per host and model and cached on disk, so profiles and
-training runs in later processes pace identically.
+squares on the minimum of several single-thread runs per size, each timed in
+thread CPU time (``time.thread_time``): what the compute costs, the same while
+other processes share the cores, where wall time would count the time the
+thread waited for one. It is measured once per host and model and cached on
+disk, so profiles and training runs in later processes pace identically.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HostCalibration:
-    """This host's uncontended, single-thread forward+backward time of one model."""
+    """This host's single-thread forward+backward CPU time of one model (uncontended)."""
 
     fixed_s: float
     per_sample_s: float
@@ -80,7 +81,8 @@ def host_key(preset: ModelPreset) -> str:
         f"L{preset.num_layers}-C{preset.d_model}-H{preset.num_heads}-F{preset.d_ff}"
         f"-V{preset.vocab_size}-T{preset.seq_len}"
     )
-    host = f"{platform.node()}-{os.cpu_count()}cpu-torch{torch.__version__}"
+    # "cputime": timed in CPU time (older calibrations, in wall time, are measured again)
+    host = f"{platform.node()}-{os.cpu_count()}cpu-torch{torch.__version__}-cputime"
     return f"{preset.name}-{shape}-{host}".replace("/", "_").replace(" ", "_")
 
 
@@ -90,7 +92,7 @@ def measure_host(
     sizes: Sequence[int] = CALIBRATION_SIZES,
     repeats: int = CALIBRATION_REPEATS,
 ) -> HostCalibration:
-    """Time forward+backward on one CPU thread; min over repeats, then a line fit."""
+    """Time forward+backward on one CPU thread (its CPU time); min over repeats, a line fit."""
     torch.set_num_threads(1)
     model = build_model(preset, seed=0)
     data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
@@ -99,10 +101,10 @@ def measure_host(
         x, y = data.device_batch(seed=0, step=m, global_batch=m, offset=0, samples=m)
         times = []
         for _ in range(repeats + 1):  # the first run warms caches up
-            start = time.perf_counter()
+            start = time.thread_time()
             loss = lm_loss_sum(model(x), y)
             loss.backward()
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
             model.zero_grad(set_to_none=True)
         best.append(min(times[1:]))
     fixed_s, per_sample_s = fit_line([float(m) for m in sizes], best)

@@ -38,6 +38,10 @@ class StepUsage:
     overran: bool = False
     """A simulated device's real compute took longer than a target (host contention):
     its time is then the host's, not the emulated GPU's."""
+    compute_s: float = 0.0
+    """A simulated device's real compute, wall time (the rest of ``busy_s`` is paced sleep)."""
+    cpu_s: float = 0.0
+    """The same compute's thread CPU time: well under ``compute_s``, the host starved it."""
 
 
 def model_state_bytes(model: nn.Module) -> int:
@@ -205,13 +209,15 @@ class SimulatedDevice(TorchDevice):
 
     def start_step(self) -> None:
         self._busy_s = 0.0
+        self._compute_s = 0.0
+        self._cpu_s = 0.0
         self._overrun_s = 0.0
         self._peak = 0
         self._in_flight = 0
         self._overran = False
 
     def forward(self, fn: Callable[[], T], *, model: nn.Module, micro_batch: int) -> tuple[T, int]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         states = self.states or WholeModel(model)
         states.reset_peak()
         counter = SavedBytes(states)
@@ -219,7 +225,7 @@ class SimulatedDevice(TorchDevice):
             out = fn()
         self._count(micro_batch, states.peak_bytes() + self._in_flight + counter.bytes)
         self._in_flight += counter.bytes
-        self._pace(start, FORWARD_SHARE * self._target_s(micro_batch), None)
+        self._pace(start, cpu_start, FORWARD_SHARE * self._target_s(micro_batch), None)
         return out, counter.bytes
 
     def backward(
@@ -231,7 +237,7 @@ class SimulatedDevice(TorchDevice):
         after: Callable[[], None] | None = None,
         while_paced: Callable[[], bool] | None = None,
     ) -> None:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         if self.states is not None:
             self.states.reset_peak()
         fn()
@@ -241,7 +247,7 @@ class SimulatedDevice(TorchDevice):
         if after is not None:
             after()
         target = (1 - FORWARD_SHARE) * self._target_s(micro_batch)
-        self._pace(start, target, while_paced)
+        self._pace(start, cpu_start, target, while_paced)
 
     def _count(self, micro_batch: int, need_bytes: int) -> None:
         if need_bytes > self.capacity_bytes:
@@ -251,9 +257,18 @@ class SimulatedDevice(TorchDevice):
     def _target_s(self, micro_batch: int) -> float:
         return self.slowdown * self.pacing.target_s(micro_batch)
 
-    def _pace(self, start: float, target_s: float, while_paced: Callable[[], bool] | None) -> None:
+    def _pace(
+        self,
+        start: float,
+        cpu_start: float,
+        target_s: float,
+        while_paced: Callable[[], bool] | None,
+    ) -> None:
         """Sleep out the pass's target, less what earlier passes overran."""
-        if time.perf_counter() - start > target_s:
+        compute_s = time.perf_counter() - start
+        self._compute_s += compute_s
+        self._cpu_s += time.thread_time() - cpu_start
+        if compute_s > target_s:
             self._overran = True
         deadline = start + target_s - self._overrun_s
         while (remaining := deadline - time.perf_counter()) > 0:
@@ -268,7 +283,13 @@ class SimulatedDevice(TorchDevice):
         self._busy_s += elapsed
 
     def finish_step(self) -> StepUsage:
-        return StepUsage(busy_s=self._busy_s, peak_bytes=self._peak, overran=self._overran)
+        return StepUsage(
+            busy_s=self._busy_s,
+            peak_bytes=self._peak,
+            overran=self._overran,
+            compute_s=self._compute_s,
+            cpu_s=self._cpu_s,
+        )
 
 
 class CudaDevice(TorchDevice):

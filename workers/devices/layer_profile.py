@@ -85,9 +85,9 @@ def _time_piece(
         forward = piece_forward(preset, piece, module, m, torch.device("cpu"))
         times = []
         for _ in range(repeats + 1):
-            start = time.perf_counter()
+            start = time.thread_time()  # what the piece costs, however busy the host
             forward().backward()
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
             module.zero_grad(set_to_none=True)
         best.append(min(times[1:]))
     fixed_s, per_sample_s = fit_line([float(m) for m in sizes], best)
@@ -132,8 +132,8 @@ def host_layers(
 ) -> dict[str, HostCalibration]:
     """This host's per-piece times, normalised to ``whole`` (memory, disk, then measured).
 
-    Times each piece's forward+backward on this host (one thread, min of several runs
-    per micro-batch size, a line fit as in :mod:`workers.devices.calibration`) and
+    Times each piece's forward+backward on this host (one thread's CPU time, min of
+    several runs per micro-batch size, a line fit as in :mod:`workers.devices.calibration`) and
     rescales the pieces by one factor so that ``embed + L·block + head`` equals the
     whole model's host calibration. A simulated pipeline stage is then paced by the sum
     of its pieces, so a pipeline and a data-parallel run of the same model do the same

@@ -6,11 +6,14 @@ uncontended forward+backward time (:mod:`workers.devices.calibration`) and ``K``
 contention margin, so that several actors sharing few cores still finish
 their real compute inside the target. Speed is the catalogue's peak dense
 TFLOP/s (``Device.peak_tflops``) times any slow-down in force (fault injection).
+``K`` grows with the other CPU-bound processes measured live
+(:mod:`workers.devices.contention`), so the devices keep their pace on a busy host.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +24,7 @@ from scheduler.hardware.capacity import simulated_budget_bytes
 from scheduler.hardware.cluster import Cluster, Device
 from scheduler.models.presets import ModelPreset
 from workers.devices.calibration import HostCalibration, calibrate_host
+from workers.devices.contention import HostLoad, host_cpus, margin_for, probe_host
 from workers.errors import WorkerError
 
 FORWARD_SHARE = 1 / 3
@@ -57,21 +61,6 @@ def with_recompute(pacing: Pacing, preset: ModelPreset, mode: str) -> Pacing:
     return replace(pacing, host=host)
 
 
-def default_margin(num_devices: int, num_cpus: int) -> float:
-    """Contention margin ``K``: two simulated devices per core get 4, at least 2.5.
-
-    DESIGN.md finds 2–3 enough for four actors on two otherwise idle cores;
-    the extra keeps the fastest devices on pace while other processes share
-    the machine (measured: at 3, a busy 2-core host made them overrun).
-
-    >>> default_margin(4, 2)
-    4.0
-    >>> default_margin(2, 8)
-    2.5
-    """
-    return max(2.5, 2.0 * num_devices / max(num_cpus, 1))
-
-
 def speed_ratio(cluster: Cluster, device: Device) -> float:
     fastest = max(d.peak_tflops for d in cluster.devices)
     return fastest / device.peak_tflops
@@ -81,23 +70,45 @@ def simulated_capacity_bytes(cluster: Cluster, device: Device) -> int:
     return simulated_budget_bytes(device.memory_bytes, cluster.simulation.memory_scale)
 
 
-def pacing_margin(cluster: Cluster) -> float:
-    """Contention margin ``K`` for ``cluster``'s simulation on this machine.
+_MARGINS: dict[tuple[int, int], tuple[float, HostLoad]] = {}
+"""``(devices, cores) -> (margin, load)`` of the last live probe, so that the runs after a
+profile pace as it did."""
+_MARGINS_LOCK = threading.Lock()
 
-    ``$HETSCHED_PACING_MARGIN`` overrides it; otherwise it follows the number
-    of simulated devices per CPU Ray may use (:func:`default_margin`).
-    """
+
+def _env_margin() -> float | None:
     env = os.environ.get("HETSCHED_PACING_MARGIN")
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            value = 0.0
-        if not value >= 1:
-            raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}")
-        return value
+    if not env:
+        return None
+    try:
+        value = float(env)
+    except ValueError:
+        value = 0.0
+    if not value >= 1:
+        raise WorkerError(f"HETSCHED_PACING_MARGIN: must be a number >= 1, got {env!r}")
+    return value
+
+
+def pacing_margin(cluster: Cluster, *, probe: bool = False) -> tuple[float, HostLoad | None]:
+    """Contention margin ``K`` for ``cluster``'s simulation on this machine, and the load
+    it was raised from.
+
+    ``$HETSCHED_PACING_MARGIN`` sets it (no load then). Otherwise it follows the
+    simulated devices per core Ray may use and the other CPU-bound processes
+    measured live (:func:`workers.devices.contention.margin_for`): measured when
+    ``probe`` (a profile, which every run then follows) or when nothing was
+    measured yet for a cluster of this size in this process.
+    """
+    env = _env_margin()
+    if env is not None:
+        return env, None
     num_cpus = int(ray.cluster_resources().get("CPU", 2)) if ray.is_initialized() else 2
-    return default_margin(len(cluster.devices), min(num_cpus, os.cpu_count() or num_cpus))
+    key = (len(cluster.devices), min(num_cpus, host_cpus()))
+    with _MARGINS_LOCK:
+        if probe or key not in _MARGINS:
+            load = probe_host()
+            _MARGINS[key] = (margin_for(key[0], key[1], load.others), load)
+        return _MARGINS[key]
 
 
 PacingOf = Callable[[str], tuple[int, Pacing | None]]
@@ -105,11 +116,17 @@ PacingOf = Callable[[str], tuple[int, Pacing | None]]
 
 
 def simulated_pacing(
-    cluster: Cluster, model: ModelPreset, *, cache_dir: Path | None, refresh: bool = False
+    cluster: Cluster,
+    model: ModelPreset,
+    *,
+    cache_dir: Path | None,
+    refresh: bool = False,
+    probe: bool = False,
 ) -> PacingOf:
-    """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``."""
+    """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``;
+    ``probe`` measures the host's contention again (:func:`pacing_margin`)."""
     host = calibrate_host(model, cache_dir=cache_dir, refresh=refresh)
-    margin = pacing_margin(cluster)
+    margin, _load = pacing_margin(cluster, probe=probe)
 
     def of(device_id: str) -> tuple[int, Pacing | None]:
         device = cluster.device(device_id)

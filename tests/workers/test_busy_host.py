@@ -1,0 +1,186 @@
+"""Simulated devices beside CPU-burning processes: they keep their pace, or say they cannot.
+
+Real busy loops (``multiprocessing``) share one core with this test's thread (both
+pinned to it, so the contention is the same on a laptop and a 64-core runner),
+and are killed at the end of each test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.support import TINY
+from workers.data.dataset import ByteDataset
+from workers.devices.calibration import measure_host
+from workers.devices.contention import (
+    LAG_TOLERANCE,
+    PaceCheck,
+    lagging,
+    margin_for,
+    probe_host,
+    run_lags,
+)
+from workers.devices.device import SimulatedDevice
+from workers.devices.pacing import Pacing
+from workers.models.gpt import GPT, lm_loss_sum
+from workers.profiler import figure_lags
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity"), reason="pins processes to one core (Linux)"
+)
+BURNERS = 2
+MICRO_BATCH = 4
+STEPS = 4
+
+
+def _spin(core: int | None) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    while True:
+        pass
+
+
+@contextmanager
+def burning(num_burners: int, *, core: int | None = None) -> Iterator[None]:
+    """``num_burners`` busy loops (on ``core`` with this thread, if given), killed after."""
+    before = os.sched_getaffinity(0)
+    fork = multiprocessing.get_context("fork")  # a busy loop needs nothing imported
+    burners = [fork.Process(target=_spin, args=(core,), daemon=True) for _ in range(num_burners)]
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    for p in burners:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in burners:
+            p.kill()
+        for p in burners:
+            p.join(timeout=10)
+        os.sched_setaffinity(0, before)
+
+
+def burning_one_core() -> contextlib.AbstractContextManager[None]:
+    """This thread and :data:`BURNERS` busy loops on one core."""
+    return burning(BURNERS, core=min(os.sched_getaffinity(0)))
+
+
+def _paced_steps(device: SimulatedDevice, model: GPT) -> list:
+    x, y = ByteDataset(None, seq_len=TINY.seq_len).device_batch(
+        seed=0, step=0, global_batch=MICRO_BATCH, offset=0, samples=MICRO_BATCH
+    )
+    return [
+        device.run_micro_batch(lambda: lm_loss_sum(model(x), y), model=model, micro_batch=4)
+        for _ in range(STEPS)
+    ]
+
+
+@pytest.fixture(scope="module")
+def host_cost():
+    """gpt-tiny's forward+backward cost on this host, in CPU time (the pacing's base)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return measure_host(TINY, sizes=(MICRO_BATCH,), repeats=2)
+
+
+def test_the_live_probe_counts_the_burners_and_raises_the_margin(one_thread) -> None:
+    with burning_one_core():
+        load = probe_host()
+    assert load.num_cpus == 1
+    assert load.cpu_share < 0.5  # two busy loops took at least two thirds of the core
+    assert load.others >= BURNERS - 0.5
+    assert margin_for(1, load.num_cpus, load.others) >= 6.0 > margin_for(1, 1)
+
+
+def test_a_paced_device_keeps_its_pace_beside_cpu_burners(one_thread, host_cost) -> None:
+    """The margin raised from the contention measured live keeps every step within the
+    tolerance of its GPU's time, although the compute's wall time is several times its
+    CPU time."""
+    model = GPT(TINY, seed=0)
+    with burning_one_core():
+        load = probe_host()
+        pacing = Pacing(
+            margin=margin_for(1, load.num_cpus, load.others), speed_ratio=1.0, host=host_cost
+        )
+        device = SimulatedDevice(device_id="a/0", capacity_bytes=2**40, pacing=pacing)
+        steps = _paced_steps(device, model)
+    target = pacing.target_s(MICRO_BATCH)
+    for usage in steps[1:]:  # the first warms up
+        assert target * 0.99 <= usage.busy_s <= (1 + LAG_TOLERANCE) * target, (
+            f"busy {usage.busy_s:.3f} s, paced {target:.3f} s at margin {pacing.margin}"
+        )
+        assert usage.cpu_s < 0.8 * usage.compute_s  # it was contended all the same
+    assert run_lags("dp", [("a/0", steps[-1].busy_s, target)]) == []
+
+
+def test_an_overloaded_host_is_reported_in_one_line(one_thread, host_cost) -> None:
+    """With no margin to spare, the burners stretch the compute past the GPU's time: the
+    device says it overran, its CPU time shows the starvation, and the check's one line
+    names the device and how far behind it was."""
+    model = GPT(TINY, seed=0)
+    pacing = Pacing(margin=1.0, speed_ratio=1.0, host=host_cost)
+    device = SimulatedDevice(device_id="a/0", capacity_bytes=2**40, pacing=pacing)
+    with burning_one_core():
+        load = probe_host()
+        steps = _paced_steps(device, model)
+    usage = steps[-1]
+    target = pacing.target_s(MICRO_BATCH)
+    assert usage.overran
+    assert usage.cpu_s < 0.6 * usage.compute_s
+    assert lagging(usage.busy_s, target)
+    check = PaceCheck(
+        margin=1.0, load=load, lags=tuple(run_lags("dp", [("a/0", usage.busy_s, target)]))
+    )
+    assert not check.keeps_pace and check.untrusted("dp") and not check.untrusted("even")
+    line = check.warning()
+    assert line is not None and "\n" not in line
+    assert line.startswith("host too busy (")
+    assert f"a/0 took {usage.busy_s / target:.1f}x its paced" in line
+    assert check.to_dict()["keeps_pace"] is False
+
+
+def test_a_profile_slower_than_its_pacing_is_the_hosts(host_cost) -> None:
+    """The profiler's check: figures on their pacing are the GPU's; 1.5x over are not
+    (and are not cached: the next profile measures again)."""
+    pacing = Pacing(margin=4.0, speed_ratio=2.0, host=host_cost)
+    paced = {"fixed_s": 8 * host_cost.fixed_s, "per_sample_s": 8 * host_cost.per_sample_s}
+    assert figure_lags("a/1", paced | {"max_micro_batch": 5}, pacing) == []
+    slow = {k: 1.5 * v for k, v in paced.items()} | {"max_micro_batch": 5}
+    (lag,) = figure_lags("a/1", slow, pacing)
+    assert (lag.where, lag.paced_s) == ("profile", pytest.approx(pacing.target_s(4)))
+    assert lag.ratio == pytest.approx(1.5)
+    check = PaceCheck(margin=4.0, load=None, lags=(lag,))
+    assert check.untrusted("dp") and check.untrusted("even")  # every run planned from it
+
+
+def test_the_simulate_table_marks_host_bound_figures_instead_of_comparing_them() -> None:
+    from api.commands.simulate import render
+
+    def run(strategy: str, trusted: bool) -> dict:
+        device = {"id": "box/0", "busy_s": 0.4, "wait_s": 0.0, "peak_bytes": 1000}
+        plan_device = {"id": "box/0", "samples": 8, "micro_batch": 8, "accum_steps": 1,
+                       "busy_s": 0.1}  # fmt: skip
+        return {"strategy": strategy, "plan": {"strategy": strategy, "devices": [plan_device]},
+                "predicted_step_s": 0.1, "measured_step_s": 0.4, "measured_samples_per_s": 20.0,
+                "losses": [5.0, 4.0], "val_losses": [None, None], "devices": [device],
+                "recoveries": [], "replans": [], "trusted": trusted}  # fmt: skip
+
+    warning = "host too busy (3.0 other CPU-bound processes on 2 cores): ..."
+    doc = {"cluster": "box", "model": "gpt-tiny", "global_batch": 8, "steps": 2, "seed": 0,
+           "ideal_samples_per_s": 100.0, "speedup_vs_even": 1.0,
+           "runs": [run("dp", False), run("even", False)],
+           "host": {"keeps_pace": False, "warning": warning}}  # fmt: skip
+    lines = render(doc).splitlines()
+    assert [line for line in lines if "host too busy" in line] == [f"warning: {warning}"]
+    dp_row = next(line for line in lines if line.startswith("dp "))
+    assert dp_row.count("host-bound") == 2 and "+300%" not in dp_row and "20%" not in dp_row
+    assert "dp is not compared with even: host-bound (see the warning)" in lines
+    quiet = doc | {"runs": [run("dp", True), run("even", True)], "host": {"warning": None}}
+    assert "warning" not in render(quiet) and "host-bound" not in render(quiet)
