@@ -78,16 +78,22 @@ class Cluster:
     devices: tuple[Device, ...]
     links: Links = field(default_factory=Links)
     simulation: Simulation = field(default_factory=Simulation)
+    _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
+    """``devices`` by id: callers look devices up one id at a time, thousands of them."""
+
+    def __post_init__(self) -> None:
+        # reversed: were an id given twice, the first device keeps it, as in a scan
+        object.__setattr__(self, "_by_id", {d.id: d for d in reversed(self.devices)})
 
     @property
     def nodes(self) -> list[str]:
         return list(dict.fromkeys(d.node for d in self.devices))
 
     def device(self, device_id: str) -> Device:
-        for d in self.devices:
-            if d.id == device_id:
-                return d
-        raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+        device = self._by_id.get(device_id)
+        if device is None:
+            raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+        return device
 
     @property
     def ids(self) -> list[str]:
@@ -96,10 +102,8 @@ class Cluster:
     def subset(self, device_ids: list[str]) -> Cluster:
         """The same cluster restricted to ``device_ids`` (ids keep their names)."""
         wanted = set(device_ids)
-        known = {d.id for d in self.devices}
         for device_id in device_ids:
-            if device_id not in known:
-                self.device(device_id)  # raises, naming it
+            self.device(device_id)
         faults = tuple(f for f in self.simulation.faults if f.device in wanted)
         return Cluster(
             name=self.name,

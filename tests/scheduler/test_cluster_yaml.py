@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,16 @@ def test_without_libyaml_the_python_parser_reads_the_same(tmp_path: Path) -> Non
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [True] * len(texts)
+
+
+def test_devices_are_found_by_id_in_any_copy_of_a_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    path.write_text("name: lab\nnodes:\n- {name: a, devices: [{type: T4-16GB, count: 3}]}\n")
+    cluster = load_cluster(path)
+    assert cluster.device("a/2").index == 2
+    part = cluster.subset(["a/2", "a/0"])
+    assert part.ids == ["a/0", "a/2"] and part.device("a/2") == cluster.device("a/2")
+    with pytest.raises(SpecError, match=r"^device: unknown id 'a/1'; known: a/0, a/2$"):
+        part.device("a/1")
+    assert pickle.loads(pickle.dumps(cluster)).device("a/1") == cluster.device("a/1")
+    assert "_by_id" not in repr(cluster)
