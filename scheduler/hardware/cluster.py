@@ -7,6 +7,7 @@ allowed; nothing here raises anything but :class:`SpecError`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import GIB, known_types, lookup
+from scheduler.hardware.fast_yaml import cyclic_gc_paused, load_yaml
 from scheduler.hardware.faults import Fault, fault_from_dict
 
 DEFAULT_INTRA_NODE_GBPS = 600.0
@@ -76,16 +78,22 @@ class Cluster:
     devices: tuple[Device, ...]
     links: Links = field(default_factory=Links)
     simulation: Simulation = field(default_factory=Simulation)
+    _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
+    """``devices`` by id: callers look devices up one id at a time, thousands of them."""
+
+    def __post_init__(self) -> None:
+        # reversed: were an id given twice, the first device keeps it, as in a scan
+        object.__setattr__(self, "_by_id", {d.id: d for d in reversed(self.devices)})
 
     @property
     def nodes(self) -> list[str]:
         return list(dict.fromkeys(d.node for d in self.devices))
 
     def device(self, device_id: str) -> Device:
-        for d in self.devices:
-            if d.id == device_id:
-                return d
-        raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+        device = self._by_id.get(device_id)
+        if device is None:
+            raise SpecError(f"device: unknown id {device_id!r}; known: {', '.join(self.ids)}")
+        return device
 
     @property
     def ids(self) -> list[str]:
@@ -103,6 +111,11 @@ class Cluster:
             links=self.links,
             simulation=replace(self.simulation, faults=faults),
         )
+
+
+_EntryCache = dict[tuple[tuple[Any, type, Any], ...], tuple[str, int, float, float]]
+"""Device entries already validated, by :func:`_entry_key`: a 16,384-device spec
+repeats a few distinct entries thousands of times."""
 
 
 def _check_keys(where: str, data: dict[str, Any], allowed: set[str]) -> None:
@@ -159,18 +172,22 @@ def parse_cluster(data: Any) -> Cluster:
         raise SpecError("nodes: must be a non-empty list of nodes")
     devices: list[Device] = []
     seen_nodes: set[str] = set()
+    entries: _EntryCache = {}
     for i, raw_node in enumerate(nodes):
-        devices += _node_devices(f"nodes[{i}]", raw_node, seen_nodes)
+        devices += _node_devices(f"nodes[{i}]", raw_node, seen_nodes, entries)
     links = _links(_mapping("links", top["links"])) if "links" in top else Links()
     simulation = Simulation()
     if "simulation" in top:
-        simulation = _simulation(_mapping("simulation", top["simulation"]), [d.id for d in devices])
+        ids = dict.fromkeys(d.id for d in devices)  # spec order, and a set's membership test
+        simulation = _simulation(_mapping("simulation", top["simulation"]), ids)
     return Cluster(name=name, devices=tuple(devices), links=links, simulation=simulation)
 
 
-def _node_devices(where: str, raw_node: Any, seen_nodes: set[str]) -> list[Device]:
+def _node_devices(
+    where: str, raw_node: Any, seen_nodes: set[str], entries: _EntryCache
+) -> list[Device]:
     """The devices of one ``nodes[i]`` entry, numbered in order; adds its name to
-    ``seen_nodes``."""
+    ``seen_nodes``, and each device entry it validates to ``entries``."""
     node = _mapping(where, raw_node)
     _check_keys(f"{where}.", node, {"name", "devices", "ray_node"})
     node_name = node.get("name")
@@ -185,12 +202,19 @@ def _node_devices(where: str, raw_node: Any, seen_nodes: set[str]) -> list[Devic
             f"{where}.ray_node: must be a Ray node id, IP address, node name or "
             f"custom resource name, got {ray_node!r}"
         )
-    entries = node.get("devices")
-    if not isinstance(entries, list) or not entries:
+    raw_entries = node.get("devices")
+    if not isinstance(raw_entries, list) or not raw_entries:
         raise SpecError(f"{where}.devices: must be a non-empty list")
+    ray_node = ray_node.strip() if ray_node is not None else None
     devices: list[Device] = []
-    for j, raw_entry in enumerate(entries):
-        gpu_key, count, memory_gb, tflops = _device_entry(f"{where}.devices[{j}]", raw_entry)
+    for j, raw_entry in enumerate(raw_entries):
+        key = _entry_key(raw_entry)
+        checked = entries.get(key) if key is not None else None
+        if checked is None:
+            checked = _device_entry(f"{where}.devices[{j}]", raw_entry)
+            if key is not None:
+                entries[key] = checked
+        gpu_key, count, memory_gb, tflops = checked
         for _ in range(count):
             index = len(devices)
             devices.append(
@@ -201,10 +225,26 @@ def _node_devices(where: str, raw_node: Any, seen_nodes: set[str]) -> list[Devic
                     type=gpu_key,
                     memory_gb=memory_gb,
                     peak_tflops=tflops,
-                    ray_node=ray_node.strip() if ray_node is not None else None,
+                    ray_node=ray_node,
                 )
             )
     return devices
+
+
+def _entry_key(raw_entry: Any) -> tuple[tuple[Any, type, Any], ...] | None:
+    """What makes a ``devices[j]`` entry valid or not, as a dictionary key: its keys,
+    values and their types (``count: true`` is no ``count: 1``, though the two are
+    equal); None for an entry that cannot be a key (not a mapping, a list value), which
+    is then validated on its own. Only valid entries are stored, so each error still
+    names the entry it is about."""
+    if type(raw_entry) is not dict:
+        return None
+    key = tuple((k, type(v), v) for k, v in raw_entry.items())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _device_entry(where: str, raw_entry: Any) -> tuple[str, int, float, float]:
@@ -246,7 +286,7 @@ def _links(raw: dict[str, Any]) -> Links:
     )
 
 
-def _simulation(raw: dict[str, Any], ids: list[str]) -> Simulation:
+def _simulation(raw: dict[str, Any], ids: Collection[str]) -> Simulation:
     _check_keys("simulation.", raw, {"memory_scale", "faults"})
     raw_faults = raw.get("faults", [])
     if raw_faults is None:
@@ -267,11 +307,12 @@ def _simulation(raw: dict[str, Any], ids: list[str]) -> Simulation:
 
 def with_faults(cluster: Cluster, faults: list[Fault] | tuple[Fault, ...]) -> Cluster:
     """``cluster`` with ``faults`` appended to its spec's (``--fault`` on the command line)."""
+    ids = cluster.ids
+    known = set(ids)
     for fault in faults:
-        if fault.device not in cluster.ids:
+        if fault.device not in known:
             raise SpecError(
-                f"--fault {str(fault)!r}: unknown device {fault.device!r}; "
-                f"known: {', '.join(cluster.ids)}"
+                f"--fault {str(fault)!r}: unknown device {fault.device!r}; known: {', '.join(ids)}"
             )
     simulation = replace(cluster.simulation, faults=(*cluster.simulation.faults, *faults))
     return replace(cluster, simulation=simulation)
@@ -296,13 +337,14 @@ def load_cluster(path: str | Path) -> Cluster:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"cluster: cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"cluster: {path} is not valid YAML{where}") from exc
-    return parse_cluster(data)
+    with cyclic_gc_paused():
+        try:
+            data = load_yaml(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SpecError(f"cluster: {path} is not valid YAML{where}") from exc
+        return parse_cluster(data)
 
 
 def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
