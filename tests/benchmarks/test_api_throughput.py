@@ -4,9 +4,10 @@
 
 ``hetsched serve`` in its own process trains a long gpt-tiny job on the
 embedded simulation; 50 clients, each one keep-alive connection, poll
-``GET /api/v1/jobs/{id}`` as fast as answers come for 10 s. Printed: requests/s,
-p50, p99 and max latency, the steps the job made meanwhile, and the load
-average, since the figures mean little without it on a shared machine. The
+``GET /api/v1/jobs/{id}`` as fast as answers come for 10 s, first as threads of
+one process, then spread over five. Printed for each: requests/s, p50, p99 and
+max latency; then the steps the job made meanwhile, and the load average,
+since the figures mean little without it on a shared machine. The
 issue's target is p99 under 50 ms; the bound asserted here is loose, so that a
 loaded machine does not fail it (compare printed figures, side by side).
 """
@@ -14,11 +15,13 @@ loaded machine does not fail it (compare printed figures, side by side).
 from __future__ import annotations
 
 import http.client
+import multiprocessing
 import os
 import statistics
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
@@ -52,8 +55,9 @@ def training_job(url: str) -> str:
         time.sleep(0.05)
 
 
-def poll(url: str, job_id: str) -> list[float]:
-    """NUM_CLIENTS threads, each a keep-alive connection polling as fast as answers come.
+def poll_with_threads(url: str, job_id: str, num_clients: int) -> tuple[list[float], list[int]]:
+    """``num_clients`` threads, each a keep-alive connection polling as fast as answers
+    come: their latencies and any status that was not 200.
 
     Plain ``http.client``: an asyncio httpx client costs more CPU than the server
     on this machine and would measure itself.
@@ -75,30 +79,53 @@ def poll(url: str, job_id: str) -> list[float]:
                 failures.append(response.status)
         connection.close()
 
-    threads = [threading.Thread(target=one_client) for _ in range(NUM_CLIENTS)]
+    threads = [threading.Thread(target=one_client) for _ in range(num_clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return latencies, failures
+
+
+def poll(url: str, job_id: str, processes: int = 1) -> list[float]:
+    """NUM_CLIENTS pollers, spread over ``processes`` client processes: in one process,
+    fifty threads queue for its interpreter lock, and that wait is counted as the
+    service's latency."""
+    share = NUM_CLIENTS // processes
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(
+            pool.map(
+                poll_with_threads, [url] * processes, [job_id] * processes, [share] * processes
+            )
+        )
+    failures = [status for _, failed in results for status in failed]
     assert not failures, failures[:5]
-    return sorted(latencies)
+    return sorted(latency for latencies, _ in results for latency in latencies)
+
+
+def summary(latencies: list[float]) -> str:
+    p50 = statistics.median(latencies)
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    return (
+        f"{len(latencies) / POLL_S:.0f} requests/s, p50 {p50 * 1e3:.1f} ms, "
+        f"p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms"
+    )
 
 
 def test_fifty_pollers_while_a_job_trains(server: str) -> None:
     job_id = training_job(server)
     before = httpx.get(f"{server}/api/v1/jobs/{job_id}").json()["steps_done"]
     load = os.getloadavg()
-    latencies = poll(server, job_id)
+    rows = {processes: poll(server, job_id, processes) for processes in (1, 5)}
     job = httpx.get(f"{server}/api/v1/jobs/{job_id}").json()
     httpx.post(f"{server}/api/v1/jobs/{job_id}/stop")
-    p50 = statistics.median(latencies)
-    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"\nGET /jobs/{{id}}, {NUM_CLIENTS} clients, {POLL_S:.0f} s each way, while training:")
+    for processes, latencies in rows.items():
+        print(f"  clients in {processes} process(es): {summary(latencies)}")
     print(
-        f"\nGET /jobs/{{id}}, {NUM_CLIENTS} clients for {POLL_S:.0f} s while training: "
-        f"{len(latencies) / POLL_S:.0f} requests/s, p50 {p50 * 1e3:.1f} ms, "
-        f"p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms; the job made "
-        f"{job['steps_done'] - before} steps meanwhile; load average "
+        f"  the job made {job['steps_done'] - before} steps meanwhile; load average "
         f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     assert job["state"] == "RUNNING"
-    assert p99 < 5.0  # loose: a 2-core machine shared with other work swings these 3x
+    for latencies in rows.values():  # loose: a shared 2-core machine swings these 3x
+        assert latencies[int(0.99 * (len(latencies) - 1))] < 5.0
