@@ -10,6 +10,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workers.devices.contention import LAG_TOLERANCE
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimizerConfig:
@@ -74,6 +76,15 @@ class DeviceStep:
     wait_s: float
     """Time waiting at the all-reduce / pipeline."""
     peak_bytes: int
+    compute_ratio: float | None = None
+    """A simulated device's real compute over the time it was paced to this step; over
+    ``1 + LAG_TOLERANCE`` the host could not keep its GPU's pace (:attr:`host_bound`).
+    None on a real GPU (and in step records written before it was measured)."""
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether this step's time is the host's, not the emulated GPU's."""
+        return self.compute_ratio is not None and self.compute_ratio > 1 + LAG_TOLERANCE
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""
@@ -176,6 +187,42 @@ class Recovery:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostBound:
+    """Simulated devices whose compute overran their pacing several steps in a row: the
+    job's speeds are this host's, not its GPUs' (said once per job)."""
+
+    step: int
+    """The step at which the streak was long enough."""
+    lags: tuple[tuple[str, float], ...]
+    """``(device id, compute over paced time)`` of each lagging device at that step."""
+
+    def message(self) -> str:
+        """The one line the job's log and events show."""
+        ids = [device_id for device_id, _ in self.lags]
+        worst = max(ratio for _, ratio in self.lags)
+        if len(ids) == 1:
+            who, whose = f"{ids[0]}'s pace", f"{worst:.1f}x its"
+        else:
+            who, whose = f"the pace of {', '.join(ids)}", f"up to {worst:.1f}x their"
+        return (
+            f"host-bound: this host cannot keep {who} (compute {whose} paced time); "
+            "speeds of this job are not those of its GPUs"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message": self.message(),
+            "devices": [{"id": d, "compute_ratio": round(ratio, 3)} for d, ratio in self.lags],
+        }
+
+
+def _median_ratio(steps: list[StepMetrics], i: int) -> float | None:
+    ratios = [s.devices[i].compute_ratio for s in steps]
+    known = [r for r in ratios if r is not None]
+    return statistics.median(known) if known else None
+
+
 def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:
     """Per-device medians over steps after the first (the first pays for warm-up)."""
     if not steps:
@@ -189,6 +236,7 @@ def median_devices(steps: list[StepMetrics]) -> tuple[DeviceStep, ...]:
                 busy_s=statistics.median(s.devices[i].busy_s for s in used),
                 wait_s=statistics.median(s.devices[i].wait_s for s in used),
                 peak_bytes=max(s.devices[i].peak_bytes for s in steps),
+                compute_ratio=_median_ratio(used, i),
             )
         )
     return tuple(out)

@@ -2,7 +2,7 @@
 
 Called by the executor's runner thread (:mod:`api.execution.executor`); the run itself
 is :class:`workers.session.RunBuilder`'s, the same as ``hetsched simulate``'s. Every
-step, checkpoint, recovery, re-plan and restart goes to the job store (``GET
+step, checkpoint, recovery, re-plan, restart and host-bound notice goes to the job store (``GET
 /jobs/{id}``) and the job's log.
 """
 
@@ -30,6 +30,7 @@ from scheduler.planning.plan import Plan
 
 if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
     from scheduler.replan.decision import ReplanDecision
+    from workers.records import HostBound
     from workers.session import (
         CheckpointInfo,
         CheckpointStore,
@@ -292,6 +293,14 @@ class JobHooks:
         store.add_event(self.job.id, kind="replan", step=decision.step, data=decision.to_dict())
         self._log("INFO", f"re-planned at step {decision.step}: {decision.reason}")
         store.set_plan(self.job.id, plan, [d.id for d in plan.active])
+
+    def on_host_bound(self, notice: HostBound) -> None:
+        if self.runner.telemetry is not None:
+            self.runner.telemetry.event("host_bound")
+        self.runner.store.add_event(
+            self.job.id, kind="host_bound", step=notice.step, data=notice.to_dict()
+        )
+        self._log("WARNING", notice.message())
 
     def on_plan(self, plan: Plan) -> None:
         self.runner.record_plan(self.job, self.live, plan)

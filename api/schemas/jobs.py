@@ -114,11 +114,14 @@ class JobCreate(PlanCreate):
 
 class JobEventPublic(BaseModel):
     time: datetime
-    kind: Literal["recovery", "replan", "restart"]
+    kind: Literal["recovery", "replan", "restart", "host_bound"]
+    """``host_bound``: simulated devices could not keep their GPUs' pace for several steps
+    in a row (this host's cores are taken); the job's speeds are the host's."""
     step: int
     """The step it happened at (a recovery: the first step run again)."""
     data: dict[str, Any]
-    """Its record: error, devices lost, old and new plan, predicted gain, seconds taken."""
+    """Its record: error, devices lost, old and new plan, predicted gain, seconds taken;
+    for ``host_bound`` its one-line ``message`` and each lagging device's ``compute_ratio``."""
 
 
 class AllocationPublic(BaseModel):

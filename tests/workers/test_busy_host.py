@@ -2,7 +2,9 @@
 
 Real busy loops (``multiprocessing``) share one core with this test's thread (both
 pinned to it, so the contention is the same on a laptop and a 64-core runner),
-and are killed at the end of each test.
+and are killed at the end of each test. A job whose devices cannot keep their pace
+(``HETSCHED_PACING_MARGIN=1``: no room for any contention) says so once, on the
+module's local Ray and warm pool.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.support import TINY
+from tests.support import MIXED_CLUSTER, TINY, manual_plan, unit_device
 from workers.data.dataset import ByteDataset
 from workers.devices.calibration import measure_host
 from workers.devices.contention import (
@@ -30,6 +32,8 @@ from workers.devices.device import SimulatedDevice
 from workers.devices.pacing import Pacing
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.profiler import figure_lags
+from workers.records import DeviceStep, StepMetrics
+from workers.run.pace import HOST_BOUND_STEPS, PaceWatch
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity"), reason="pins processes to one core (Linux)"
@@ -47,12 +51,13 @@ def _spin(core: int | None) -> None:
 
 
 @contextmanager
-def burning(num_burners: int, *, core: int | None = None) -> Iterator[None]:
-    """``num_burners`` busy loops (on ``core`` with this thread, if given), killed after."""
+def burning(num_burners: int, *, core: int | None = None, beside: bool = True) -> Iterator[None]:
+    """``num_burners`` busy loops (on ``core``, with this thread when ``beside``, if given),
+    killed after."""
     before = os.sched_getaffinity(0)
     fork = multiprocessing.get_context("fork")  # a busy loop needs nothing imported
     burners = [fork.Process(target=_spin, args=(core,), daemon=True) for _ in range(num_burners)]
-    if core is not None:
+    if core is not None and beside:
         os.sched_setaffinity(0, {core})
     for p in burners:
         p.start()
@@ -184,3 +189,117 @@ def test_the_simulate_table_marks_host_bound_figures_instead_of_comparing_them()
     assert "dp is not compared with even: host-bound (see the warning)" in lines
     quiet = doc | {"runs": [run("dp", True), run("even", True)], "host": {"warning": None}}
     assert "warning" not in render(quiet) and "host-bound" not in render(quiet)
+
+
+@contextmanager
+def pinned(pid: int, core: int) -> Iterator[None]:
+    """Every thread of process ``pid`` on ``core``, back where it was after."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    before = {tid: os.sched_getaffinity(tid) for tid in tids}
+    for tid in tids:
+        os.sched_setaffinity(tid, {core})
+    try:
+        yield
+    finally:
+        for tid, cores in before.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cores)
+
+
+def _job(cache_dir, pool, steps: int, watch=None):
+    """gpt-tiny on the A100 and the L4 of the module's pool, every hook recorded."""
+    from workers.session import Recorder, train
+
+    hooks = Recorder(watch)
+    plan = manual_plan([("a/0", 4, 4), ("a/2", 2, 2)])
+    train(cluster=MIXED_CLUSTER, model=TINY, plan=plan, steps=steps, seed=0,
+          cache_dir=cache_dir, pool=pool, hooks=hooks)  # fmt: skip
+    return hooks
+
+
+def test_a_job_whose_host_cannot_keep_its_gpus_pace_says_so_once(
+    cache_dir, mixed_pool, monkeypatch
+) -> None:
+    """At margin 1 the A100's paced time is the host's bare compute; from step 1 its worker
+    shares a core with two busy loops, so it cannot meet it: every step marks it, and
+    after HOST_BOUND_STEPS in a row the job says so in one line, once, naming it."""
+    monkeypatch.setenv("HETSCHED_PACING_MARGIN", "1")
+    core = min(os.sched_getaffinity(0))
+    with contextlib.ExitStack() as stack:
+
+        def crowd_the_a100(metrics: StepMetrics) -> None:
+            if metrics.step == 0:  # its worker exists now
+                stack.enter_context(pinned(mixed_pool.pids()["a/0"], core))
+                stack.enter_context(burning(BURNERS, core=core, beside=False))
+
+        hooks = _job(cache_dir, mixed_pool, steps=HOST_BOUND_STEPS + 1, watch=crowd_the_a100)
+    (notice,) = hooks.host_bound
+    streak = hooks.steps[notice.step - HOST_BOUND_STEPS + 1 : notice.step + 1]
+    assert len(streak) == HOST_BOUND_STEPS
+    assert all(m.devices[0].id == "a/0" and m.devices[0].host_bound for m in streak)
+    assert "a/0" in dict(notice.lags)
+    line = notice.message()
+    assert "\n" not in line and line.startswith("host-bound: this host cannot keep ")
+    assert line.endswith("speeds of this job are not those of its GPUs")
+    assert notice.to_dict()["devices"][0]["compute_ratio"] > 1 + LAG_TOLERANCE
+    assert hooks.steps[-1].devices[0].to_dict()["compute_ratio"] > 1 + LAG_TOLERANCE  # JSON
+
+
+def test_a_job_on_a_normal_margin_keeps_pace_and_says_nothing(
+    cache_dir, mixed_pool, monkeypatch
+) -> None:
+    """The margin from the live contention leaves every device's compute inside its pacing:
+    each step measures it (a ratio on every simulated device), and nothing is said."""
+    monkeypatch.delenv("HETSCHED_PACING_MARGIN", raising=False)
+    hooks = _job(cache_dir, mixed_pool, steps=HOST_BOUND_STEPS + 1)
+    assert hooks.host_bound == []
+    ratios = [d.compute_ratio for m in hooks.steps[1:] for d in m.devices]
+    assert all(r is not None and 0 < r <= 1 + LAG_TOLERANCE for r in ratios), ratios
+
+
+def _step(step: int, ratio: float | None) -> StepMetrics:
+    devices = (DeviceStep(id="a/0", busy_s=0.1, wait_s=0.0, peak_bytes=1, compute_ratio=ratio),)
+    return StepMetrics(step=step, loss=1.0, step_s=0.1, samples_per_s=80.0, devices=devices)
+
+
+def test_a_slow_step_between_paced_ones_is_not_a_busy_host() -> None:
+    """The streak starts again after a step that kept pace; a real GPU has no ratio."""
+    watch = PaceWatch()
+    ratios = [1.5, 1.5, 0.4, 1.5, 1.5, None, 1.5, 1.5]
+    assert [watch.observe(_step(i, r)) for i, r in enumerate(ratios)] == [None] * len(ratios)
+    notice = watch.observe(_step(8, 1.4))
+    assert notice is not None and notice.lags == (("a/0", 1.4),)
+    assert "keep a/0's pace (compute 1.4x its paced time)" in notice.message()
+    assert watch.observe(_step(9, 1.5)) is None  # once per job
+
+
+def test_re_planning_does_not_take_a_host_bound_step_for_a_slower_gpu() -> None:
+    """The speed monitor never sees a host-bound device's time: a/0 at 3x its busy time
+    for a dozen steps is re-planned around when its GPU slowed (its compute still fits its
+    stretched pacing), and not when the host could not keep its pace."""
+    from scheduler.cost.profile import Profile
+    from scheduler.replan.speed import SpeedSettings
+    from workers.run.replanning import LiveReplanning, Replanner
+
+    profile = Profile(model="gpt-tiny", devices=(unit_device("a/0"), unit_device("a/1")))
+    plan = manual_plan([("a/0", 4, 4), ("a/1", 4, 4)])
+
+    def decisions(*, host_bound: bool) -> list:
+        config = LiveReplanning(profile=profile, strategy="dp", total_steps=100,
+                                speed=SpeedSettings(calibration_steps=3))  # fmt: skip
+        replanner, out = Replanner(config), []
+        for step in range(20):
+            slow = step >= 8
+            ratio = (1.5 if host_bound else 0.2) if slow else 0.6
+            devices = (
+                DeviceStep(id="a/0", busy_s=0.3 if slow else 0.1, wait_s=0.0, peak_bytes=1,
+                           compute_ratio=ratio),
+                DeviceStep(id="a/1", busy_s=0.1, wait_s=0.0, peak_bytes=1, compute_ratio=0.6),
+            )  # fmt: skip
+            metrics = StepMetrics(step=step, loss=1.0, step_s=0.3, samples_per_s=1.0,
+                                  devices=devices)  # fmt: skip
+            out.append(replanner.observe(metrics, plan, switch_cost_s=0.0))
+        return [d for d in out if d is not None]
+
+    assert decisions(host_bound=False) != []
+    assert decisions(host_bound=True) == []

@@ -13,7 +13,7 @@ from typing import Protocol
 from scheduler.planning.plan import Plan
 from scheduler.replan.decision import ReplanDecision
 from workers.checkpoint import CheckpointInfo
-from workers.records import Recovery, StepMetrics
+from workers.records import HostBound, Recovery, StepMetrics
 
 
 class RunHooks(Protocol):
@@ -36,6 +36,10 @@ class RunHooks(Protocol):
 
     def on_replan(self, decision: ReplanDecision) -> None:
         """The job switches to ``decision.new_plan`` (in place, or through a checkpoint)."""
+
+    def on_host_bound(self, notice: HostBound) -> None:
+        """Simulated devices could not keep their GPUs' pace for
+        :data:`workers.run.pace.HOST_BOUND_STEPS` steps in a row (said once per job)."""
 
     def on_plan(self, plan: Plan) -> None:
         """The builder planned the job again after a failure (or to take devices back)."""
@@ -63,6 +67,7 @@ class Recorder(RunHooks):
         self.checkpoints: list[CheckpointInfo] = []
         self.recoveries: list[Recovery] = []
         self.replans: list[ReplanDecision] = []
+        self.host_bound: list[HostBound] = []
 
     def on_step(self, metrics: StepMetrics) -> None:
         self.steps.append(metrics)
@@ -77,3 +82,6 @@ class Recorder(RunHooks):
 
     def on_replan(self, decision: ReplanDecision) -> None:
         self.replans.append(decision)
+
+    def on_host_bound(self, notice: HostBound) -> None:
+        self.host_bound.append(notice)

@@ -23,6 +23,7 @@ from workers.run.driver import Run, RunSetup
 from workers.run.failures import FailureAction, FailurePolicy
 from workers.run.faults import FaultInjector
 from workers.run.hooks import RunHooks
+from workers.run.pace import PaceWatch
 from workers.run.replanning import Replanner
 from workers.runtime.spec import RankSpec, RunSpec
 
@@ -100,6 +101,8 @@ class Job:
             max_failures=config.max_failures, durable=checkpointing is not None
         )
         self.min_gain = ReplanSettings().min_relative_gain
+        self.pace = PaceWatch()
+        """Whether the simulated devices keep their GPUs' pace (said once per job)."""
 
     def train(self) -> TrainResult:
         """Run until every step is done or a stop; the result over every step."""
@@ -137,6 +140,9 @@ class Job:
         self.by_step[metrics.step] = metrics
         self.last_step = metrics.step
         self.setup.hooks.on_step(metrics)
+        notice = self.pace.observe(metrics)
+        if notice is not None:
+            self.setup.hooks.on_host_bound(notice)
         if self.pending is not None:
             recovery, self.pending = self.pending.done(), None
             self.setup.hooks.on_recovery(recovery)

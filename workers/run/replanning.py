@@ -43,8 +43,12 @@ class Replanner:
     def observe(
         self, metrics: StepMetrics, plan: Plan, *, switch_cost_s: float
     ) -> ReplanDecision | None:
-        """A decision when a device's speed changed for good at this step, else None."""
-        busy = {d.id: d.busy_s for d in metrics.devices}
+        """A decision when a device's speed changed for good at this step, else None.
+
+        A device whose compute overran its pacing this step is left out of it: its time
+        is the host's (:attr:`workers.records.DeviceStep.host_bound`), not a GPU that
+        slowed, and re-planning around it would only move work between busy cores."""
+        busy = {d.id: d.busy_s for d in metrics.devices if not d.host_bound}
         report = self.monitor.observe(metrics.step, plan, busy)
         if report is None:
             return None

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workers.checkpoint import load_part, part_tensors, read_scaler, scaler_tensors, write_part
 from workers.data.dataset import TokenDataset, open_dataset
-from workers.devices.device import TorchDevice
+from workers.devices.device import SimulatedDevice, StepUsage, TorchDevice
 from workers.models.families import build_model
 from workers.models.gpt import lm_loss_sum
 from workers.records import DeviceStep, OptimizerConfig, RankStep
@@ -240,13 +240,31 @@ class Engine(ABC):
     def step(self, step: int) -> RankStep:
         """Run global step ``step`` in lockstep with the other ranks."""
 
-    def record(self, *, loss: float, busy_s: float, wait_s: float, peak_bytes: int) -> RankStep:
+    def record(
+        self, *, loss: float, usage: StepUsage, wait_s: float, peak_bytes: int | None = None
+    ) -> RankStep:
+        """What the rank reports of a step: ``usage`` from the device (``peak_bytes``
+        where the engine knows better), the wait, and how the compute kept its pace."""
         return RankStep(
             loss=loss,
             device=DeviceStep(
-                id=self.rank.device_id, busy_s=busy_s, wait_s=wait_s, peak_bytes=peak_bytes
+                id=self.rank.device_id,
+                busy_s=usage.busy_s,
+                wait_s=wait_s,
+                peak_bytes=usage.peak_bytes if peak_bytes is None else peak_bytes,
+                compute_ratio=self.compute_ratio(usage),
             ),
         )
+
+    def compute_ratio(self, usage: StepUsage) -> float | None:
+        """A simulated device's real compute this step over the time it was paced to: each
+        of the step's micro-batches is paced to its target (forward and backward together,
+        slow-down included). None on a real GPU, or a rank without samples."""
+        device = self.device
+        if not isinstance(device, SimulatedDevice) or not self.sizes:
+            return None
+        paced_s = device.slowdown * sum(device.pacing.target_s(m) for m in self.sizes)
+        return usage.compute_s / paced_s if paced_s > 0 else None
 
     def reshard(self, rank: RankSpec) -> None:
         """Take another share of the global batch; the model and optimizer stay."""
@@ -380,9 +398,4 @@ class DataParallelEngine(Engine):
         if not updated:
             self.update(step)
         self.step_done = step
-        return self.record(
-            loss=float(self.flat[-1].item()),
-            busy_s=usage.busy_s,
-            wait_s=wait_s,
-            peak_bytes=usage.peak_bytes,
-        )
+        return self.record(loss=float(self.flat[-1].item()), usage=usage, wait_s=wait_s)

@@ -161,12 +161,7 @@ class FullyShardedEngine(Engine):
         wait_s = time.perf_counter() - wait_start
         self.update(step)
         self.step_done = step
-        return self.record(
-            loss=float(loss.item()),
-            busy_s=usage.busy_s,
-            wait_s=wait_s,
-            peak_bytes=peak,
-        )
+        return self.record(loss=float(loss.item()), usage=usage, wait_s=wait_s, peak_bytes=peak)
 
     def gradients(self) -> list[torch.Tensor]:
         """The owned gradient slice: what the optimizer steps on and loss scaling checks."""

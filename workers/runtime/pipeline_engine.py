@@ -169,10 +169,7 @@ class PipelineEngine(Engine):
         self.step_done = step
         wall = time.perf_counter() - begin
         return self.record(
-            loss=float(loss.item()),
-            busy_s=usage.busy_s,
-            wait_s=max(wall - usage.busy_s, 0.0),
-            peak_bytes=usage.peak_bytes,
+            loss=float(loss.item()), usage=usage, wait_s=max(wall - usage.busy_s, 0.0)
         )
 
     # --- the three phases of 1F1B ---------------------------------------------------

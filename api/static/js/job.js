@@ -128,7 +128,9 @@ function renderDeviceTimes(job, steps) {
   }));
 }
 
-const EVENT_LABEL = { recovery: "recovered", replan: "re-planned", restart: "restarted" };
+const EVENT_LABEL = {
+  recovery: "recovered", replan: "re-planned", restart: "restarted", host_bound: "host-bound",
+};
 
 /** What an event says in one line. */
 function eventText(e) {
@@ -139,6 +141,7 @@ function eventText(e) {
       `${d.steps_redone ?? 0} steps redone, back in ${fmtSeconds(d.recover_s)}`;
   }
   if (e.kind === "replan") return d.reason || "re-planned";
+  if (e.kind === "host_bound") return d.message || "this host cannot keep its GPUs' pace";
   return `control plane restarted; resumed at step ${e.step}`;
 }
 
