@@ -10,8 +10,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workers.devices.contention import LAG_TOLERANCE
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimizerConfig:
@@ -77,14 +75,9 @@ class DeviceStep:
     """Time waiting at the all-reduce / pipeline."""
     peak_bytes: int
     compute_ratio: float | None = None
-    """A simulated device's real compute over the time it was paced to this step; over
-    ``1 + LAG_TOLERANCE`` the host could not keep its GPU's pace (:attr:`host_bound`).
+    """A simulated device's real compute over the time it was paced to this step; well
+    over 1 the host could not keep its GPU's pace (:func:`workers.run.pace.host_bound`).
     None on a real GPU (and in step records written before it was measured)."""
-
-    @property
-    def host_bound(self) -> bool:
-        """Whether this step's time is the host's, not the emulated GPU's."""
-        return self.compute_ratio is not None and self.compute_ratio > 1 + LAG_TOLERANCE
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.execution.job_runner import JobHooks, JobRunner
 from api.execution.ledger import LiveJob
-from workers.records import DeviceStep, Recovery, StepMetrics
+from workers.records import DeviceStep, HostBound, Recovery, StepMetrics
 
 JOBS = "/api/v1/jobs"
 STABLE = {
@@ -188,3 +188,21 @@ def test_promtool_finds_nothing_to_fix(offline: TestClient) -> None:
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
+
+
+def test_a_host_bound_job_shows_one_event_and_one_warning(offline: TestClient) -> None:
+    """What a user of the service sees when the host cannot keep a simulated GPU's pace:
+    one ``host_bound`` event on GET /jobs/{id}, its line in the log, one counted event."""
+    job_id = offline.post(JOBS, json={"steps": 6, "global_batch": 4}).json()["id"]
+    hooks = _hooks(offline, job_id)
+    notice = HostBound(step=2, lags=(("node-a/0", 1.43),))
+    hooks.on_host_bound(notice)
+    (event,) = offline.get(f"{JOBS}/{job_id}").json()["events"]
+    assert (event["kind"], event["step"]) == ("host_bound", 2)
+    assert event["data"]["message"] == (
+        "host-bound: this host cannot keep node-a/0's pace (compute 1.4x its paced time); "
+        "speeds of this job are not those of its GPUs"
+    )
+    logs = offline.get(f"{JOBS}/{job_id}/logs").json()["data"]
+    assert [line["level"] for line in logs if line["message"] == notice.message()] == ["WARNING"]
+    assert _scrape(offline)["hetsched_job_events"][(("kind", "host_bound"),)] == 1

@@ -33,7 +33,7 @@ from workers.devices.pacing import Pacing
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.profiler import figure_lags
 from workers.records import DeviceStep, StepMetrics
-from workers.run.pace import HOST_BOUND_STEPS, PaceWatch
+from workers.run.pace import HOST_BOUND_STEPS, PaceWatch, host_bound
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity"), reason="pins processes to one core (Linux)"
@@ -236,7 +236,7 @@ def test_a_job_whose_host_cannot_keep_its_gpus_pace_says_so_once(
     (notice,) = hooks.host_bound
     streak = hooks.steps[notice.step - HOST_BOUND_STEPS + 1 : notice.step + 1]
     assert len(streak) == HOST_BOUND_STEPS
-    assert all(m.devices[0].id == "a/0" and m.devices[0].host_bound for m in streak)
+    assert all(m.devices[0].id == "a/0" and host_bound(m.devices[0]) for m in streak)
     assert "a/0" in dict(notice.lags)
     line = notice.message()
     assert "\n" not in line and line.startswith("host-bound: this host cannot keep ")

@@ -14,6 +14,7 @@ from scheduler.planning.plan import Plan
 from scheduler.replan.decision import ReplanDecision, ReplanSettings, decide_replan
 from scheduler.replan.speed import SpeedMonitor, SpeedSettings
 from workers.records import StepMetrics
+from workers.run.pace import host_bound
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,9 +47,9 @@ class Replanner:
         """A decision when a device's speed changed for good at this step, else None.
 
         A device whose compute overran its pacing this step is left out of it: its time
-        is the host's (:attr:`workers.records.DeviceStep.host_bound`), not a GPU that
+        is the host's (:func:`workers.run.pace.host_bound`), not a GPU that
         slowed, and re-planning around it would only move work between busy cores."""
-        busy = {d.id: d.busy_s for d in metrics.devices if not d.host_bound}
+        busy = {d.id: d.busy_s for d in metrics.devices if not host_bound(d)}
         report = self.monitor.observe(metrics.step, plan, busy)
         if report is None:
             return None
