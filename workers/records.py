@@ -77,7 +77,8 @@ class DeviceStep:
     compute_ratio: float | None = None
     """A simulated device's real compute over the time it was paced to this step; well
     over 1 the host could not keep its GPU's pace (:func:`workers.run.pace.host_bound`).
-    None on a real GPU (and in step records written before it was measured)."""
+    None on a real GPU, a fully-sharded rank (its passes wait for its peers inside them),
+    a rank without samples, and in step records written before it was measured."""
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""

@@ -102,7 +102,8 @@ def test_simulate_json_prints_one_object_with_every_strategy(
         assert [v is None for v in r["val_losses"]] == [True, False, False]
         assert len(r["step_times_s"]) == 3 and r["recoveries"] == []
         assert sum(d["samples"] for d in r["plan"]["devices"]) == 8
-        assert all(set(d) == {"id", "busy_s", "wait_s", "peak_bytes"} for d in r["devices"])
+        keys = {"id", "busy_s", "wait_s", "peak_bytes", "compute_ratio"}
+        assert all(set(d) == keys for d in r["devices"])
     # Same seed, same batches: the split does not change the training.
     assert dp["losses"] == pytest.approx(even["losses"], rel=1e-4)
     assert dp["val_losses"][1:] == pytest.approx(even["val_losses"][1:], rel=1e-4)

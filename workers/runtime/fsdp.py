@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from workers.checkpoint import read_states, write_part
-from workers.devices.device import SimulatedDevice, TorchDevice
+from workers.devices.device import SimulatedDevice, StepUsage, TorchDevice
 from workers.errors import DeviceOutOfMemory
 from workers.models.gpt import lm_loss_sum
 from workers.records import RankStep
@@ -162,6 +162,12 @@ class FullyShardedEngine(Engine):
         self.update(step)
         self.step_done = step
         return self.record(loss=float(loss.item()), usage=usage, wait_s=wait_s, peak_bytes=peak)
+
+    def compute_ratio(self, usage: StepUsage) -> float | None:
+        """Not measured: a pass's all-gathers wait inside it for the group's slowest rank,
+        so a fast rank's compute includes its peers' pacing (1.7x its own paced time on an
+        idle host) and would read as a host that cannot keep up."""
+        return None
 
     def gradients(self) -> list[torch.Tensor]:
         """The owned gradient slice: what the optimizer steps on and loss scaling checks."""
