@@ -13,7 +13,7 @@ share.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, overload
 
 from scheduler.cost.costs import DeviceProfile
@@ -112,18 +112,23 @@ class DeviceTable(ColumnRows[DeviceProfile]):
         super().__init__()
 
     @classmethod
-    def of(cls, devices: Sequence[DeviceProfile]) -> DeviceTable:
-        """``devices`` grouped by kind (itself when it already is a table)."""
+    def of(
+        cls,
+        devices: Sequence[DeviceProfile],
+        key: Callable[[DeviceProfile], tuple[object, ...]] = kind_key,
+    ) -> DeviceTable:
+        """``devices`` grouped by kind (itself when it already is a table). A ``key`` that
+        leaves figures out groups by what a reader of ``kinds`` tells apart (the dp search
+        ignores per-layer figures); the table's items stay the devices given."""
         if isinstance(devices, DeviceTable):
             return devices
         kinds: dict[tuple[object, ...], int] = {}
         firsts: list[DeviceProfile] = []
         kind_of = []
         for d in devices:
-            key = kind_key(d)
-            kind = kinds.get(key)
+            kind = kinds.get(key(d))
             if kind is None:
-                kind = kinds[key] = len(firsts)
+                kind = kinds[key(d)] = len(firsts)
                 firsts.append(d)
             kind_of.append(kind)
         table = cls(

@@ -73,7 +73,7 @@ class _Group:
     device lacks, or in which one sample does not fit, has ``max_micro`` 0. Devices with
     identical figures form one *kind* (the ``kind_*`` arrays, one column per kind, the
     kinds of the profile's :class:`~scheduler.cost.table.DeviceTable`, or of
-    :func:`_kinds`): an analytic profile of 16,384 devices has a few dozen kinds, and the
+    :func:`_search_key`): an analytic profile of 16,384 devices has a few dozen kinds, and the
     search runs on those (:func:`_optimal`)."""
 
     kinds: Sequence[DeviceProfile]
@@ -167,47 +167,20 @@ def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float]
     return max_micro, fixed_s, per_sample_s, per_sample_bytes
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Kinds:
-    """Devices by kind, as the data-parallel search tells them apart: one device of each
-    kind, and each device's kind, id and node."""
-
-    kinds: Sequence[DeviceProfile]
-    kind_of: Sequence[int]
-    ids: Sequence[str]
-    nodes: Sequence[str]
-
-
-def _kinds(devices: Sequence[DeviceProfile]) -> _Kinds:
-    """A table's own kinds; else kinds of the figures the search reads and the precision
-    its entries carry (not the per-layer figures: a measured profile has an object of
-    them per device, and they do not count here)."""
-    if isinstance(devices, DeviceTable):
-        return _Kinds(
-            kinds=devices.kinds, kind_of=devices.kind_of, ids=devices.ids, nodes=devices.nodes
-        )
-    kinds: dict[tuple[object, ...], int] = {}
-    firsts: list[DeviceProfile] = []
-    kind_of = []
-    for d in devices:
-        key = (
-            d.capacity_bytes,
-            d.static_bytes,
-            d.per_sample_bytes,
-            d.fixed_s,
-            d.per_sample_s,
-            d.micro_batch_limit,
-            d.precision,
-            id(d.selective),  # by identity: equal figures in two objects only make two kinds
-            id(d.full),
-        )
-        kind = kinds.get(key)
-        if kind is None:
-            kind = kinds[key] = len(firsts)
-            firsts.append(d)
-        kind_of.append(kind)
-    return _Kinds(
-        kinds=firsts, kind_of=kind_of, ids=[d.id for d in devices], nodes=[d.node for d in devices]
+def _search_key(d: DeviceProfile) -> tuple[object, ...]:
+    """What tells kinds apart for the search: the figures it reads and the precision its
+    entries carry, not the per-layer figures (a measured profile has an object of them per
+    device, and they do not count here)."""
+    return (
+        d.capacity_bytes,
+        d.static_bytes,
+        d.per_sample_bytes,
+        d.fixed_s,
+        d.per_sample_s,
+        d.micro_batch_limit,
+        d.precision,
+        id(d.selective),  # by identity: equal figures in two objects only make two kinds
+        id(d.full),
     )
 
 
@@ -216,7 +189,7 @@ def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
 
     Everything per device is an array indexed by kind (one Python step per kind, a few
     per device), so a profile of 16,384 devices prepares in milliseconds."""
-    table = _kinds(devices)
+    table = DeviceTable.of(devices, key=_search_key)
     fits = [k.fits_one_sample() for k in table.kinds]
     kind_of = np.array(table.kind_of, dtype=np.int64)
     if all(fits):
