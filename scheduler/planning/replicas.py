@@ -182,16 +182,7 @@ def sync_s(
     embed = max(lp.embed.static_bytes * ratio - tied.gradient_bytes, 0.0)
     head = lp.head.static_bytes * ratio
     one_run = len(runs) == 1
-    grads = []
-    for lo, hi in runs:
-        grad = 0.0
-        for _ in range(max(lo, 1), min(hi, num_blocks + 1)):  # its blocks
-            grad += block
-        if lo == 0:
-            grad += embed
-        if hi == num_blocks + 2:
-            grad += head
-        grads.append(grad)
+    grads = _run_gradients(runs, num_blocks, block=block, embed=embed, head=head)
     # the stage holding each run, per active pipeline; then the holders' nodes
     stage_of = {
         k: np.searchsorted(np.array(starts[k], dtype=np.int64), cuts[:-1], side="right")
@@ -214,14 +205,7 @@ def sync_s(
         for grad, same in zip(grads, intra, strict=True)
     ]
     if tied.gradient_bytes and not one_run:
-        lengths = [len(_stages(templates[replicas.kind_of[j]])) for j in active]
-        ends = [replicas.node_codes[j, 0] for j in active] + [
-            replicas.node_codes[j, p - 1] for j, p in zip(active, lengths, strict=True) if p > 1
-        ]
-        same = len(set(ends)) == 1
-        tied_s = ring_allreduce_s(
-            len(ends), tied.gradient_bytes, links.intra_node_gbps if same else links.inter_node_gbps
-        )
+        tied_s = _tied_sync_s(replicas, templates, active, tied=tied, links=links)
     slowest = 0.0
     for k in kinds:
         chain = _stages(templates[k])
@@ -235,6 +219,45 @@ def sync_s(
                 paid += tied_s
             slowest = max(slowest, paid)
     return slowest
+
+
+def _run_gradients(
+    runs: Sequence[tuple[int, int]], num_blocks: int, *, block: float, embed: float, head: float
+) -> list[float]:
+    """Each run's gradient bytes, summed in the order the per-pipeline function meets its
+    pieces (blocks, then the embedding, then the head), so the sums are equal float for
+    float."""
+    grads = []
+    for lo, hi in runs:
+        grad = 0.0
+        for _ in range(max(lo, 1), min(hi, num_blocks + 1)):  # its blocks
+            grad += block
+        if lo == 0:
+            grad += embed
+        if hi == num_blocks + 2:
+            grad += head
+        grads.append(grad)
+    return grads
+
+
+def _tied_sync_s(
+    replicas: Replicas,
+    templates: Sequence[Chain | None],
+    active: Sequence[int],
+    *,
+    tied: Tied,
+    links: Links,
+) -> float:
+    """The tied embedding's all-reduce between every active pipeline's first and last
+    stage, where those are not the only holders of one run."""
+    lengths = [len(_stages(templates[replicas.kind_of[j]])) for j in active]
+    ends = [replicas.node_codes[j, 0] for j in active] + [
+        replicas.node_codes[j, p - 1] for j, p in zip(active, lengths, strict=True) if p > 1
+    ]
+    same = len(set(ends)) == 1
+    return ring_allreduce_s(
+        len(ends), tied.gradient_bytes, links.intra_node_gbps if same else links.inter_node_gbps
+    )
 
 
 def _stages(template: Chain | None) -> tuple[Stage, ...]:
