@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import SHARED_RAY
 
 
 @pytest.fixture(scope="session")
@@ -15,12 +18,31 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hetsched-cache")
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One intra-op thread, as workers use: on a shared 2-core machine more threads
-    contend and a tiny model's step gets about ten times slower."""
-    import torch  # here, not at the top: the scheduler tests run without torch
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_stops_at_the_end() -> Iterator[None]:
+    yield
+    SHARED_RAY.stop()
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_shared_ray_unless_asked(request: pytest.FixtureRequest) -> None:
+    """A module none of whose tests asks for ``local_ray`` starts with the shared Ray
+    stopped, as it would after a module that had its own: the product code it runs may
+    start a Ray of its own, with its own devices."""
+    items = (i for i in request.session.items if getattr(i, "module", None) is request.module)
+    if not any("local_ray" in item.fixturenames for item in items):
+        SHARED_RAY.stop()
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread in this process for every test that has torch loaded, as workers
+    use: on a shared 2-core machine more threads contend, and a tiny model's step gets
+    three to ten times slower (the README demo's 50 steps: 21 s against 62 s)."""
+    torch = sys.modules.get("torch")  # not imported here: the scheduler tests run without it
+    if torch is None:
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -295,6 +295,69 @@ def uvicorn_thread(app: Any, *, start_s: float = SERVE_START_S) -> Iterator[str]
         thread.join(SERVE_EXIT_S)
 
 
+# --- one local Ray for consecutive modules ---------------------------------------------------
+
+
+class SharedRay:
+    """One local Ray (2 CPUs, no dashboard) and the warm worker pools built on it, shared by
+    consecutive test modules that ask for the same simulated devices.
+
+    Starting Ray and then a pool's workers (each imports torch) costs 5-7 s of a 2-core
+    machine; a module that asks for them gets the ones the module before it left running.
+    Asking with other devices, or after something else stopped or replaced this Ray, starts
+    a fresh one. ``tests/conftest.py`` stops it before a module that does not ask for it,
+    whose product code may start a Ray of its own, and at the end of the session.
+    """
+
+    def __init__(self) -> None:
+        self.devices: tuple[str, ...] | None = None
+        self.address: str | None = None
+        self.kept: dict[str, tuple[Any, Callable[[Any], None]]] = {}
+
+    def ensure(self, cluster: Cluster) -> None:
+        """A running local Ray whose custom resources name ``cluster``'s devices."""
+        import ray
+
+        from workers.session import start_local_ray
+
+        devices, address = tuple(cluster.ids), _gcs_address()
+        if address is not None and (self.devices, self.address) == (devices, address):
+            return
+        self.stop()
+        if ray.is_initialized():  # a Ray some product code started and left
+            ray.shutdown()
+        start_local_ray(cluster, num_cpus=2)
+        self.devices, self.address = devices, _gcs_address()
+
+    def keep(self, name: str, make: Callable[[], Any], close: Callable[[Any], None]) -> Any:
+        """What ``make`` built under ``name`` on this Ray (a pool, a cluster handle), built
+        once; ``close`` ends it when this Ray stops."""
+        if name not in self.kept:
+            self.kept[name] = (make(), close)
+        return self.kept[name][0]
+
+    def stop(self) -> None:
+        """End what was kept, then the Ray if one is running."""
+        kept, self.kept = self.kept, {}
+        for thing, close in kept.values():
+            with suppress(Exception):  # its workers may be gone with a Ray someone else stopped
+                close(thing)
+        if self.devices is not None or kept:
+            import ray
+
+            ray.shutdown()
+        self.devices = self.address = None
+
+
+def _gcs_address() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+
+
+SHARED_RAY = SharedRay()
+
+
 MIXED_CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 """An A100, a T4 and an L4 (``a/0``, ``a/1``, ``a/2``): what tests/workers' ``mixed_pool``
 holds, so a run on that pool names the same cluster."""

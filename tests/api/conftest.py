@@ -32,7 +32,7 @@ from api.schemas.jobs import JobPublic
 from api.services import ClusterHandle, connect_cluster
 from hetsched import Client, Event
 from scheduler.hardware.cluster import load_cluster
-from tests.support import JOB_TIMEOUT_S, Serve, clean_env, free_port, serving
+from tests.support import JOB_TIMEOUT_S, SHARED_RAY, Serve, clean_env, free_port, serving
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -85,30 +85,26 @@ def app_client(tmp_path: Path) -> Callable[..., TestClient]:
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """One local Ray for a module's live apps, with the bundled local-sim cluster's devices
-    (2 CPUs); shut down after the module."""
-    import ray
-
-    from workers.session import start_local_ray
-
-    start_local_ray(load_cluster(DEFAULT_CLUSTER), num_cpus=2)
-    yield
-    ray.shutdown()
+def local_ray() -> None:
+    """A local Ray (2 CPUs) naming the bundled local-sim cluster's devices, for a module's
+    live apps; left running for the next module that asks (:class:`tests.support.SharedRay`)."""
+    SHARED_RAY.ensure(load_cluster(DEFAULT_CLUSTER))
 
 
 @pytest.fixture(scope="module")
-def warm_cluster(
-    local_ray: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ClusterHandle]:
-    """The module's cluster handle with its warm device workers, shared by its live apps
-    as a service's one handle is shared by its jobs: each app would otherwise start four
-    worker processes of its own. A device a test took out of service is back for the next."""
-    handle = connect_cluster(make_settings(tmp_path_factory.mktemp("cluster")))
-    assert handle.available and handle.local_ray is None, handle.message
-    handle.warm()
-    yield handle
-    handle.close()
+def warm_cluster(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> ClusterHandle:
+    """The cluster handle with its warm device workers, shared by the live apps of this
+    module and the ones after it, as a service's one handle is shared by its jobs: each app
+    would otherwise start four worker processes of its own. A device a test took out of
+    service is back for the next test (:func:`live`)."""
+
+    def connect() -> ClusterHandle:
+        handle = connect_cluster(make_settings(tmp_path_factory.mktemp("cluster")))
+        assert handle.available and handle.local_ray is None, handle.message
+        handle.warm()
+        return handle
+
+    return SHARED_RAY.keep("warm_cluster", connect, lambda handle: handle.close())
 
 
 @pytest.fixture

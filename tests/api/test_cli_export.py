@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -131,17 +130,6 @@ def test_plan_takes_a_hugging_face_config_as_model(
 
 
 # --- durable checkpoints and jobs ------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    import ray
-
-    from workers.session import start_local_ray
-
-    start_local_ray(make_cluster(["A100-80GB"]), num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 def _store(data_dir: Path) -> JobStore:

@@ -1,37 +1,37 @@
-"""Shared fixtures of the worker tests: a module-wide local Ray and a warm mixed pool.
+"""Shared fixtures of the worker tests: a local Ray and a warm mixed pool, shared by
+consecutive modules (:class:`tests.support.SharedRay`).
 
 Clusters, plans and the gpt-tiny preset these tests build on are in :mod:`tests.support`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support import make_cluster
+from tests.support import MIXED_CLUSTER, SHARED_RAY, make_cluster
+
+RAY_DEVICES = make_cluster(["A100-80GB"] * 8)
+"""The devices the shared Ray names: ``a/0`` to ``a/7``, what every cluster of these
+modules uses (their types do not matter to Ray)."""
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """One local Ray per test module (2 CPUs, no dashboard), shut down after it."""
-    import ray
-
-    from workers.session import start_local_ray
-
-    cluster = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB", "V100-16GB"])
-    start_local_ray(cluster, num_cpus=2)
-    yield
-    ray.shutdown()
+def local_ray() -> None:
+    """A local Ray (2 CPUs, no dashboard) for the module, left running for the next one."""
+    SHARED_RAY.ensure(RAY_DEVICES)
 
 
 @pytest.fixture(scope="module")
-def mixed_pool(local_ray: None) -> Iterator[Any]:
-    """Warm workers for a module's runs on an A100, a T4 and an L4 (``a/0``, ``a/1``, ``a/2``),
-    as the service keeps them: runs after the first start warm."""
+def mixed_pool(local_ray: None) -> Any:
+    """Warm workers on :data:`tests.support.MIXED_CLUSTER` (an A100, a T4 and an L4 as
+    ``a/0``, ``a/1``, ``a/2``), as the service keeps them: runs after the first start warm,
+    in this module and the ones after it (a killed worker is replaced when next asked for)."""
     from workers.session import WorkerPool
 
-    pool = WorkerPool(make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"]), simulated=True)
-    yield pool
-    pool.shutdown()
+    pool = SHARED_RAY.keep(
+        "mixed_pool", lambda: WorkerPool(MIXED_CLUSTER, simulated=True), lambda p: p.shutdown()
+    )
+    pool.mark_lost(MIXED_CLUSTER.ids, lost=False)  # what a module before took out is back
+    return pool

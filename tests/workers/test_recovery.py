@@ -20,7 +20,6 @@ from workers.session import (
     Recorder,
     RunConfig,
     WorkerError,
-    WorkerPool,
     train,
 )
 
@@ -59,10 +58,8 @@ def pp_plan(strategy: str = "pp") -> Plan:
 
 
 @pytest.fixture(scope="module")
-def pool():
-    p = WorkerPool(MIXED_CLUSTER, simulated=True)
-    yield p
-    p.shutdown()
+def pool(mixed_pool):
+    return mixed_pool
 
 
 @pytest.fixture(scope="module")
