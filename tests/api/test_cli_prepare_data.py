@@ -20,9 +20,6 @@ from workers.models.gpt import lm_loss_sum
 tokenizers = pytest.importorskip("tokenizers")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture
 def text(tmp_path: Path) -> Path:
     path = tmp_path / "notes.txt"

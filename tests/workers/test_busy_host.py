@@ -95,7 +95,7 @@ def host_cost():
     return measure_host(TINY, sizes=(MICRO_BATCH,), repeats=2)
 
 
-def test_the_live_probe_counts_the_burners_and_raises_the_margin(one_thread) -> None:
+def test_the_live_probe_counts_the_burners_and_raises_the_margin() -> None:
     with burning_one_core():
         load = probe_host()
     assert load.num_cpus == 1
@@ -104,7 +104,7 @@ def test_the_live_probe_counts_the_burners_and_raises_the_margin(one_thread) -> 
     assert margin_for(1, load.num_cpus, load.others) >= 6.0 > margin_for(1, 1)
 
 
-def test_a_paced_device_keeps_its_pace_beside_cpu_burners(one_thread, host_cost) -> None:
+def test_a_paced_device_keeps_its_pace_beside_cpu_burners(host_cost) -> None:
     """The margin raised from the contention measured live keeps every step within the
     tolerance of its GPU's time, although the compute's wall time is several times its
     CPU time."""
@@ -125,7 +125,7 @@ def test_a_paced_device_keeps_its_pace_beside_cpu_burners(one_thread, host_cost)
     assert run_lags("dp", [("a/0", steps[-1].busy_s, target)]) == []
 
 
-def test_an_overloaded_host_is_reported_in_one_line(one_thread, host_cost) -> None:
+def test_an_overloaded_host_is_reported_in_one_line(host_cost) -> None:
     """With no margin to spare, the burners stretch the compute past the GPU's time: the
     device says it overran, its CPU time shows the starvation, and the check's one line
     names the device and how far behind it was."""

@@ -22,9 +22,6 @@ from workers.models.llama import Llama
 LLAMA = get_preset("llama-tiny")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def _batch(n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return ByteDataset(None, seq_len=LLAMA.seq_len).device_batch(
         seed=0, step=0, global_batch=n, offset=0, samples=n
