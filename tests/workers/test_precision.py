@@ -30,9 +30,10 @@ RUN_TIMEOUT_S = 900.0
 """Both ranks' cases take about 20 s of CPU each; a loaded shared host stretches that."""
 FP16_STEPS = 10
 INJECT_STEP = 4
-BF16_TOLERANCE = 0.1
-"""Largest |bf16 − fp32| mean token loss at any of 20 steps (2.5 % of a loss near 4;
-measured: 0.06 at most, where a batch of unusual bytes spikes the loss)."""
+BF16_TOLERANCE = 0.15
+"""Largest |bf16 − fp32| mean token loss at any of 20 steps (4 % of a loss near 4), found
+at the step after a batch of unusual bytes spikes the loss: 0.06 on one 2-core host, 0.10 on
+another whose CPU runs bf16 matmuls natively (AMX), as a GPU does."""
 BF16_MEAN_TOLERANCE = 0.01
 """... and on average over the 20 steps (measured: 0.005): bf16's 8-bit mantissa on the
 activations, with fp32 master weights, gradients and sums."""
