@@ -35,7 +35,7 @@ from workers.devices.device import TorchDevice
 from workers.devices.layer_profile import host_layers, measure_layers
 from workers.devices.pacing import Pacing, PacingOf, no_pacing, pacing_margin, simulated_pacing
 from workers.errors import WorkerError
-from workers.runtime.measure import TIMING_SIZES
+from workers.runtime.measure import SIMULATED_TIMING_SIZES
 
 PROFILE_TIMEOUT_S = 600.0
 PROFILE_VERSION = 5
@@ -232,7 +232,7 @@ def figure_lags(device_id: str, figures: dict[str, Any], pacing: Pacing) -> list
     the largest micro-batch it was timed at (the line's two ends)."""
     limit = figures.get("max_micro_batch", figures.get("micro_batch_limit"))
     lags = []
-    for m in profile_sizes(limit, TIMING_SIZES):
+    for m in profile_sizes(limit, SIMULATED_TIMING_SIZES):
         measured = figures["fixed_s"] + m * figures["per_sample_s"]
         paced = pacing.target_s(m)
         if lagging(measured, paced):

@@ -27,12 +27,19 @@ from workers.models.gpt import lm_loss_sum
 from workers.runtime.engine import micro_batches, set_recompute
 
 TIMING_SIZES = (1, 2, 4, 8, 16)
+"""Micro-batch sizes a GPU is timed at."""
+SIMULATED_TIMING_SIZES = (1, 2, 4, 8)
+"""... and a simulated device: its time is its pacing, a line in the micro-batch by
+construction, so a 16-sample run would only prove the line again, at twice the cost of all
+the others (the slowest device's timing is most of a profile)."""
 TIMING_REPEATS = 3
 MAX_RETRY_FACTOR = 3
 MEMORY_SIZES = (1, 2, 4)
 RECOMPUTE = ("selective", "full")
-HOST_CHECK_BYTES = 512 * 2**20
-"""Host memory a simulated device's fit check may use for activations."""
+HOST_CHECK_BYTES = 64 * 2**20
+"""Host memory a simulated device's fit check may use for activations: about 30 samples of
+gpt-tiny. Its count is exact arithmetic on the model, so a larger check proves nothing more
+and costs seconds of host time per device (512 MiB took 5 s of a 10 s A100 profile)."""
 MAX_CHECKED_MICRO_BATCH = 1024
 """The largest micro-batch a real GPU's fit check tries; plans use fewer per device."""
 
@@ -87,6 +94,8 @@ class Measurement:
         self.device = device
         self.preset = preset
         self.data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
+        simulated = isinstance(device, SimulatedDevice)
+        self.timing_sizes = SIMULATED_TIMING_SIZES if simulated else TIMING_SIZES
 
     def _loss_fn(self, model: nn.Module, m: int, step: int) -> Callable[[], torch.Tensor]:
         x, y = self.data.device_batch(seed=0, step=step, global_batch=m, offset=0, samples=m)
@@ -142,7 +151,7 @@ class Measurement:
             per_sample = self._per_sample_bytes(model, static)
             max_m = self._largest_fit(model, static, per_sample) if whole_fits else 0
             # budget lifted (the whole states do not fit): every size, as on a roomy device
-            sizes = [m for m in TIMING_SIZES if m <= max(max_m, 1) or not whole_fits]
+            sizes = [m for m in self.timing_sizes if m <= max(max_m, 1) or not whole_fits]
             # Nothing fits: time anyway, without the memory limit, so the profile still
             # says how fast the device is; the planner excludes it for its memory.
             self.device.capacity_bytes = capacity if max_m >= 1 else 2**62
