@@ -242,6 +242,10 @@ def job_record(row: JobRow | Row[Any]) -> JobRecord:
     )
 
 
+def _event_row(job_id: str, *, kind: str, step: int, data: dict[str, Any]) -> EventRow:
+    return EventRow(job_id=job_id, time=now(), kind=kind, step=step, data_json=json.dumps(data))
+
+
 class JobStore:
     """Owns every read and write of the job store's tables (:mod:`api.core.db`).
 
@@ -396,16 +400,29 @@ class JobStore:
     def set_waiting(self, job_id: str, message: str) -> None:
         self._transition(job_id, [PENDING], message=message)
 
-    def start(self, job_id: str, devices: list[str]) -> bool:
-        """PENDING -> RUNNING with its devices; False when it is no longer pending."""
-        return self._transition(
-            job_id,
-            [PENDING],
-            state=RUNNING,
-            devices_json=json.dumps(devices),
-            started_at=now(),
-            message="profiling",
-        )
+    @_retrying
+    def start(
+        self, job_id: str, devices: list[str], *, allocation: dict[str, Any] | None = None
+    ) -> bool:
+        """PENDING -> RUNNING with its devices; False when it is no longer pending. The
+        ``allocation`` event that says why is written in the same transaction, so no reader
+        sees a running job without it."""
+        with self._tx() as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == PENDING)
+                .values(
+                    state=RUNNING,
+                    devices_json=json.dumps(devices),
+                    started_at=now(),
+                    message="profiling",
+                )
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                return False
+            if allocation is not None:
+                session.add(_event_row(job_id, kind="allocation", step=0, data=allocation))
+            return True
 
     def set_plan(self, job_id: str, plan: Plan, devices: list[str]) -> None:
         """Store the plan and the devices it uses (the others are handed back)."""
@@ -466,11 +483,7 @@ class JobStore:
     @_retrying
     def add_event(self, job_id: str, *, kind: str, step: int, data: dict[str, Any]) -> None:
         with self._tx() as session:
-            session.add(
-                EventRow(
-                    job_id=job_id, time=now(), kind=kind, step=step, data_json=json.dumps(data)
-                )
-            )
+            session.add(_event_row(job_id, kind=kind, step=step, data=data))
 
     def events(self, job_id: str) -> list[EventRecord]:
         with self._tx() as session:

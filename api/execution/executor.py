@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from api.core.settings import Settings
 from api.core.telemetry import Telemetry
@@ -437,14 +438,16 @@ class Executor:
         )
         if live is None:
             return False
-        if not self.store.start(job.id, list(devices)):
+        allocation = self._allocation(live, old=(), new=tuple(devices), reason=reason, rate=rate)
+        if not self.store.start(job.id, list(devices), allocation=allocation):
             self.ledger.remove(job.id)
             return False  # stopped meanwhile
         self.store.log(job.id, "INFO", f"started on {', '.join(devices)}")
-        if self.telemetry is not None and job.started_at is None:  # its first start
-            waited_s = (datetime.now(UTC) - job.created_at.replace(tzinfo=UTC)).total_seconds()
-            self.telemetry.queue_wait_seconds.observe(max(0.0, waited_s))
-        self._allocated(live, step=0, old=(), new=tuple(devices), reason=reason, rate=rate)
+        if self.telemetry is not None:
+            self.telemetry.event("allocation")
+            if job.started_at is None:  # its first start
+                waited_s = (datetime.now(UTC) - job.created_at.replace(tzinfo=UTC)).total_seconds()
+                self.telemetry.queue_wait_seconds.observe(max(0.0, waited_s))
         self._thread_for(job, live, resume=False)
         return True
 
@@ -454,31 +457,17 @@ class Executor:
         )
         live.thread.start()
 
-    def _allocated(
-        self,
-        live: LiveJob,
-        *,
-        step: int,
-        old: tuple[str, ...],
-        new: tuple[str, ...],
-        reason: str,
-        rate: float,
-    ) -> None:
-        """An ``allocation`` event: the job's allocation history on its page."""
-        if self.telemetry is not None:
-            self.telemetry.event("allocation")
-        self.store.add_event(
-            live.job_id,
-            kind="allocation",
-            step=step,
-            data={
-                "policy": PINNED if live.pinned else self.policy,
-                "from": list(old),
-                "to": list(new),
-                "reason": reason,
-                "samples_per_s": rate,
-            },
-        )
+    def _allocation(
+        self, live: LiveJob, *, old: tuple[str, ...], new: tuple[str, ...], reason: str, rate: float
+    ) -> dict[str, Any]:
+        """The data of an ``allocation`` event: the job's allocation history on its page."""
+        return {
+            "policy": PINNED if live.pinned else self.policy,
+            "from": list(old),
+            "to": list(new),
+            "reason": reason,
+            "samples_per_s": rate,
+        }
 
     def _move(self, live: LiveJob) -> bool:
         """Hand the job's devices over and take its new ones; False: it was stopped."""
@@ -491,9 +480,12 @@ class Executor:
             f"{self.policy}: moved from {', '.join(move.old)} to {', '.join(move.new)} "
             f"at step {live.steps_done}",
         )
-        self._allocated(
-            live, step=live.steps_done, old=move.old, new=move.new, reason=move.reason, rate=0.0
+        allocation = self._allocation(
+            live, old=move.old, new=move.new, reason=move.reason, rate=0.0
         )
+        self.store.add_event(live.job_id, kind="allocation", step=live.steps_done, data=allocation)
+        if self.telemetry is not None:
+            self.telemetry.event("allocation")
         return True
 
     def _wait(self, job: JobRecord, message: str) -> None:

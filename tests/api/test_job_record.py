@@ -40,3 +40,21 @@ def test_store_hands_back_the_spec_model_and_the_plan(offline: TestClient) -> No
         {k: v for k, v in d.items() if v not in unset} for d in plan.to_dict()["devices"]
     ]
     assert shown["spec"]["optimizer"]["lr"] == 0.01
+
+
+def test_a_started_job_is_never_seen_running_without_its_allocation(offline: TestClient) -> None:
+    """A poll between the start and its allocation event used to show a RUNNING job with
+    no allocation: both are one write now, and a job no longer pending gets neither."""
+    store: JobStore = offline.app.state.hetsched.store  # type: ignore[attr-defined]
+    started, stopped = (offline.post(JOBS, json={"name": n}).json()["id"] for n in ("a", "b"))
+    allocation = {"policy": "fifo", "from": [], "to": ["node-a/0"], "reason": "r"}
+    before = store.writes.value
+    assert store.start(started, ["node-a/0"], allocation=allocation)
+    assert store.writes.value == before + 1, "the state and its event in one transaction"
+    shown = offline.get(f"{JOBS}/{started}").json()
+    assert shown["state"] == "RUNNING"
+    assert [a["devices"] for a in shown["allocations"]] == [["node-a/0"]]
+
+    assert offline.post(f"{JOBS}/{stopped}/stop").status_code == 200
+    assert not store.start(stopped, ["node-a/1"], allocation=allocation)
+    assert offline.get(f"{JOBS}/{stopped}").json()["allocations"] == []
