@@ -26,34 +26,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from api.commands import COMMANDS
 from scheduler.errors import HetschedError
-
-# command name -> module under api.commands that implements it
-COMMANDS = {
-    "gpus": "gpus",
-    "plan": "plan",
-    "profile": "profile",
-    "simulate": "simulate",
-    "cluster-sim": "cluster_sim",
-    "serve": "serve",
-    "prepare-data": "prepare_data",
-    "export": "export",
-    "db": "db",
-    "submit": "client",
-    "jobs": "client",
-    "status": "client",
-    "logs": "client",
-    "wait": "client",
-    "stop": "client",
-    "delete": "client",
-    "cluster": "remote",
-    "schedule": "remote",
-    "datasets": "remote",
-    "upload": "remote",
-    "users": "users",
-    "projects": "users",
-    "audit": "users",
-}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -74,20 +48,19 @@ def _command_from_argv(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s module is imported when it is a known command."""
+    """The parser; only ``command``'s module is imported when it is a known command
+    (the others, and every one for ``hetsched --help``, are listed from :data:`COMMANDS`)."""
     parser = OneLineParser(
         prog="hetsched",
         description="Train one transformer across mixed GPUs with uneven per-device batches.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    modules = list(dict.fromkeys(COMMANDS.values()))
-    needed = {COMMANDS[command]} if command in COMMANDS else set(modules)
-    for module_name in modules:
-        if module_name in needed:
-            importlib.import_module(f"api.commands.{module_name}").add_parser(sub)
-    for name, module_name in COMMANDS.items():
-        if module_name not in needed:
-            sub.add_parser(name)  # listed in usage; never parsed in this run
+    needed = COMMANDS[command].module if command in COMMANDS else None
+    for name, entry in COMMANDS.items():
+        if entry.module != needed:
+            sub.add_parser(name, help=entry.help)  # listed in usage; never parsed in this run
+        elif name not in sub.choices:  # the module registers all of its commands at once
+            importlib.import_module(f"api.commands.{entry.module}").add_parser(sub)
     return parser
 
 

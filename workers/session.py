@@ -331,7 +331,7 @@ class RunBuilder:
     def config(
         self,
         *,
-        checkpointing: Checkpointing,
+        checkpointing: Checkpointing | None,
         validation: Validation | None,
         max_failures: int,
         follow_speed: bool,

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from api.commands.common import add_command
 from api.commands.plan import format_table
 from api.schemas.jobs import JobPublic, LogLine
 from api.states import JobState
@@ -52,7 +53,7 @@ def connect(args: argparse.Namespace) -> Client:
 
 
 def add_parser(subparsers: Any) -> None:
-    submit = subparsers.add_parser("submit", help="submit a training job to the control plane")
+    submit = add_command(subparsers, "submit", run_submit)
     add_job_fields(submit)
     submit.add_argument(
         "--wait",
@@ -60,30 +61,22 @@ def add_parser(subparsers: Any) -> None:
         help="print the job's log until it ends; exit 0 if it SUCCEEDED, 1 if not",
     )
     add_service_arguments(submit)
-    submit.set_defaults(run=run_submit)
 
-    jobs = subparsers.add_parser("jobs", help="list the control plane's jobs")
+    jobs = add_command(subparsers, "jobs", run_jobs)
     jobs.add_argument("--state", choices=STATES)
     jobs.add_argument("--limit", type=int, default=50)
     add_service_arguments(jobs)
-    jobs.set_defaults(run=run_jobs)
 
-    logs = subparsers.add_parser("logs", help="print a job's log")
+    logs = add_command(subparsers, "logs", run_logs)
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    wait = subparsers.add_parser(
-        "wait", help="wait for a job to end; exit 0 if it SUCCEEDED, 1 if not"
-    )
+    wait = add_command(subparsers, "wait", run_wait)
     wait.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
-    for parser, runner in (
-        (subparsers.add_parser("status", help="show one job"), run_status),
-        (subparsers.add_parser("stop", help="stop a job"), run_stop),
-        (subparsers.add_parser("delete", help="delete a finished job and its records"), run_delete),
-        (logs, run_logs),
-        (wait, run_wait),
-    ):
+    status = add_command(subparsers, "status", run_status)
+    stop = add_command(subparsers, "stop", run_stop)
+    delete = add_command(subparsers, "delete", run_delete)
+    for parser in (status, stop, delete, logs, wait):
         parser.add_argument("job_id", metavar="ID")
         add_service_arguments(parser)
-        parser.set_defaults(run=runner)
 
 
 def add_job_fields(submit: argparse.ArgumentParser) -> None:

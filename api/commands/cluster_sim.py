@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from api.commands.common import add_command
+from api.commands.common import add_cluster_argument, add_command
 from api.commands.plan import format_table
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
 from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
@@ -41,17 +41,9 @@ from scheduler.policy.types import POLICIES, PolicyName, PolicySettings
 DEFAULTS = SimSettings()
 
 
-HELP = "replay a job trace on a cluster under scheduling policies (no training)"
-DESCRIPTION = (
-    "Compare scheduling policies on a cluster spec and a job trace (CSV: "
-    "name,arrival_s,model,global_batch,steps[,priority,min_devices,max_devices]) "
-    "from the cost model alone, or generate such a trace."
-)
-
-
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "cluster-sim", run, help=HELP, description=DESCRIPTION)
-    parser.add_argument("--cluster", metavar="FILE", type=Path, help="cluster spec (YAML)")
+    parser = add_command(subparsers, "cluster-sim", run)
+    add_cluster_argument(parser)
     parser.add_argument("--trace", metavar="FILE", type=Path, help="job trace (CSV)")
     parser.add_argument(
         "--trace-format",

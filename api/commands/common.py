@@ -1,7 +1,9 @@
-"""What several subcommands share: how a command is registered, and the arguments
-that mean the same in each (the model, the profile cache).
+"""What several subcommands share: how a command is registered (with its help from
+:data:`api.commands.COMMANDS`), and the arguments that mean the same in each (the
+cluster spec, the model, the profile cache, the service's data directory).
 
-Only ``scheduler/`` is imported, so ``hetsched plan`` stays free of torch and ray.
+Only ``scheduler/`` and the command table are imported, so ``hetsched plan`` stays free
+of torch and ray.
 """
 
 from __future__ import annotations
@@ -11,20 +13,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from api.commands import COMMANDS
 from scheduler.models.presets import PRESETS
 
 Runner = Callable[[argparse.Namespace], int]
 
 
-def add_command(
-    subparsers: Any, name: str, run: Runner, *, help: str, description: str
-) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name``, which ``hetsched`` runs with ``run(args)``."""
+def add_command(subparsers: Any, name: str, run: Runner | None = None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, with its help from :data:`api.commands.COMMANDS`;
+    ``hetsched NAME`` runs ``run(args)`` (None: each of its verbs sets its own)."""
+    command = COMMANDS[name]
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=description
+        name, help=command.help, description=command.description
     )
-    parser.set_defaults(run=run)
+    if run is not None:
+        parser.set_defaults(run=run)
     return parser
+
+
+def add_cluster_argument(
+    parser: argparse.ArgumentParser, more: str = "", *, default: Path | None = None
+) -> None:
+    """``--cluster FILE``, a cluster spec (DESIGN.md's "Cluster spec"); ``more`` ends its help."""
+    parser.add_argument(
+        "--cluster", metavar="FILE", type=Path, default=default, help=f"cluster spec (YAML){more}"
+    )
+
+
+def add_data_dir_argument(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """``--data-dir DIR``, the service's data directory (``HETSCHED_DATA_DIR``); ``help``
+    says what the command finds there."""
+    parser.add_argument("--data-dir", type=Path, metavar="DIR", help=help)
 
 
 def model_help(lead: str) -> str:

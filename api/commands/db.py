@@ -19,20 +19,14 @@ from alembic.util import CommandError
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.commands.common import add_command
+from api.commands.common import add_command, add_data_dir_argument
 from api.core.migrate import current_revision, downgrade, head_revision, revisions, upgrade
 from api.core.settings import Settings
 from scheduler.errors import HetschedError
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "db",
-        run,
-        help="show, upgrade or downgrade the job store's schema",
-        description="Migrate the service's database (Alembic revisions in api/migrations).",
-    )
+    parser = add_command(subparsers, "db", run)
     parser.add_argument("action", choices=("current", "upgrade", "downgrade"))
     parser.add_argument(
         "revision",
@@ -41,12 +35,7 @@ def add_parser(subparsers: Any) -> None:
         help="upgrade: default head; downgrade: default -1 (one back), or 'base' (empty)",
     )
     parser.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default HETSCHED_DB_URL)")
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="where the SQLite file is (default ./.hetsched)",
-    )
+    add_data_dir_argument(parser, help="where the SQLite file is (default ./.hetsched)")
 
 
 def database_url(args: argparse.Namespace) -> str:

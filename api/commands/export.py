@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from api.commands.client import CLI_RETRY
-from api.commands.common import add_command
+from api.commands.common import add_command, add_data_dir_argument
 from api.core.checkpoints import find_in_directory, read_durable, read_json
 from api.core.db import make_engine
 from api.core.settings import Settings
@@ -40,14 +40,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "export",
-        run,
-        help="write a checkpoint as a Hugging Face model directory",
-        description="Export a trained model: config.json + model.safetensors (+ tokenizer.json) "
-        "that transformers' AutoModelForCausalLM loads.",
-    )
+    parser = add_command(subparsers, "export", run)
     parser.add_argument(
         "checkpoint",
         metavar="CHECKPOINT",
@@ -60,10 +53,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="weights' type (default: %(default)s)"
     )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
+    add_data_dir_argument(
+        parser,
         help="the service's data directory, to find a job (default: as hetsched serve, "
         "./.hetsched or HETSCHED_DATA_DIR)",
     )

@@ -14,15 +14,9 @@ from api.commands.common import add_command
 from api.commands.plan import format_table
 from scheduler.hardware.catalogue import CATALOGUE
 
-HELP = "list the GPU catalogue (keys for cluster specs)"
-DESCRIPTION = (
-    "GPU types a cluster spec may name (any case), with the peak dense "
-    "bf16/fp16 tensor TFLOP/s, memory and bandwidth analytic profiles use."
-)
-
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "gpus", run, help=HELP, description=DESCRIPTION)
+    parser = add_command(subparsers, "gpus", run)
     parser.add_argument("--json", action="store_true", help="print the catalogue as JSON")
 
 

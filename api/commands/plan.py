@@ -33,15 +33,8 @@ from scheduler.units import format_bytes
 BAR_WIDTH = 20
 
 
-HELP = "plan per-device batches for a cluster spec or a profile (no cluster needed)"
-DESCRIPTION = (
-    "Plan an uneven split of the global batch and compare it with the "
-    "even (DDP) and proportional baselines."
-)
-
-
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "plan", run, help=HELP, description=DESCRIPTION)
+    parser = add_command(subparsers, "plan", run)
     parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
     parser.add_argument(
         "--model", metavar="PRESET", help=model_help("with --cluster, a model preset")

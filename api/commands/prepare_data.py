@@ -33,12 +33,8 @@ CHUNK_CHARS = 1 << 20
 """Text encoded per batch: lines up to about a megabyte."""
 
 
-HELP = "tokenize a text file into a token-id dataset (.bin + .bin.json)"
-DESCRIPTION = "Turn a text file into a flat file of token ids that jobs can train on."
-
-
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "prepare-data", run, help=HELP, description=DESCRIPTION)
+    parser = add_command(subparsers, "prepare-data", run)
     parser.add_argument("text", metavar="TEXT", help="UTF-8 text file")
     parser.add_argument("-o", "--output", required=True, metavar="DATA.bin", help="file to write")
     how = parser.add_mutually_exclusive_group()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from api.commands.common import add_cache_arguments, add_command, model_help
+from api.commands.common import add_cache_arguments, add_cluster_argument, add_command, model_help
 from api.commands.plan import format_table
 from scheduler.cost.profile import Profile
 from scheduler.errors import HetschedError
@@ -29,21 +29,10 @@ from scheduler.hardware.cluster import load_cluster
 from scheduler.models.hf_config import resolve_model
 from scheduler.models.presets import check_trainable
 
-HELP = "measure each device's time and memory per micro-batch (cached)"
-DESCRIPTION = (
-    "Measure every device of a cluster for one model: fixed and per-sample "
-    "time, model-state and activation memory, largest micro-batch, links."
-)
-
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "profile", run, help=HELP, description=DESCRIPTION)
-    parser.add_argument(
-        "--cluster",
-        metavar="FILE",
-        type=Path,
-        help="cluster spec (YAML); required unless --ray-address",
-    )
+    parser = add_command(subparsers, "profile", run)
+    add_cluster_argument(parser, "; required unless --ray-address")
     parser.add_argument("--model", metavar="PRESET", required=True, help=model_help("model preset"))
     parser.add_argument(
         "-o",

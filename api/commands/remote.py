@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.client import add_service_arguments, connect, show
+from api.commands.common import add_command
 from api.commands.plan import format_table
 from api.schemas.cluster import ClusterPublic
 from api.schemas.datasets import DatasetPublic
@@ -22,24 +23,16 @@ from api.schemas.schedule import SchedulePublic
 
 
 def add_parser(subparsers: Any) -> None:
-    for name, helptext, runner in (
-        ("cluster", "show the control plane's devices and what runs on them", run_cluster),
-        ("schedule", "show the scheduling policy's latest round", run_schedule),
-        ("datasets", "list the datasets a job may train on", run_datasets),
+    for name, runner in (
+        ("cluster", run_cluster),
+        ("schedule", run_schedule),
+        ("datasets", run_datasets),
     ):
-        parser = subparsers.add_parser(name, help=helptext)
-        add_service_arguments(parser)
-        parser.set_defaults(run=runner)
-    upload = subparsers.add_parser(
-        "upload",
-        help="store a dataset file on the control plane",
-        description="Upload NAME.txt (byte tokens), or NAME.bin.json then NAME.bin (token ids), "
-        "or NAME.tokenizer.json, into the server's data directory. Files are never replaced.",
-    )
+        add_service_arguments(add_command(subparsers, name, runner))
+    upload = add_command(subparsers, "upload", run_upload)
     upload.add_argument("file", type=Path, metavar="FILE")
     upload.add_argument("--name", help="the name on the server (default the file's)")
     add_service_arguments(upload)
-    upload.set_defaults(run=run_upload)
 
 
 CLUSTER_HEADER = ["DEVICE", "TYPE", "MEMORY", "STATUS", "JOB", "SAMPLES/S"]

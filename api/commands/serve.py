@@ -33,15 +33,9 @@ from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
 from scheduler.policy.types import POLICIES
 
-HELP = "run the control plane (REST API, dashboard, job executor)"
-DESCRIPTION = (
-    "Run the control plane. With no arguments: a local simulated mixed "
-    "cluster and a SQLite database in the data directory."
-)
-
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(subparsers, "serve", run, help=HELP, description=DESCRIPTION)
+    parser = add_command(subparsers, "serve", run)
     parser.add_argument(
         "--cluster",
         type=Path,

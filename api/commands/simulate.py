@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from api.commands.common import add_cache_arguments, add_command, model_help
+from api.commands.common import add_cache_arguments, add_cluster_argument, add_command, model_help
 from api.commands.plan import format_table
 from api.core.settings import DEFAULT_CLUSTER
 from api.schemas.plans import OptimizerSpec
@@ -63,21 +63,8 @@ CHECKPOINT_EVERY = 5
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "simulate",
-        run,
-        help="train on a local simulated mixed cluster and compare strategies",
-        description="Profile, plan and train each strategy on simulated GPUs (Ray actors on "
-        "this machine's CPU, paced to their GPU's speed, memory-capped), from the same seed.",
-    )
-    parser.add_argument(
-        "--cluster",
-        metavar="FILE",
-        type=Path,
-        default=DEFAULT_CLUSTER,
-        help="cluster spec (YAML); default: the bundled local-sim.yaml",
-    )
+    parser = add_command(subparsers, "simulate", run)
+    add_cluster_argument(parser, "; default: the bundled local-sim.yaml", default=DEFAULT_CLUSTER)
     parser.add_argument(
         "--model",
         metavar="PRESET",

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.commands.client import add_service_arguments, connect, show
+from api.commands.common import add_command
 from api.commands.plan import format_table
 from api.schemas.users import AuditPublic, ProjectPublic, UserCreated, UserPublic
 from scheduler.errors import HetschedError
@@ -34,7 +35,7 @@ CREATE = {"aliases": ["add"]}
 
 
 def add_parser(subparsers: Any) -> None:
-    users = subparsers.add_parser("users", help="create, list and revoke users (admins)")
+    users = add_command(subparsers, "users")
     verbs = users.add_subparsers(dest="verb", metavar="VERB", required=True)
     create = verbs.add_parser("create", help="a user, and their token (shown once)", **CREATE)
     create.add_argument("name")
@@ -55,7 +56,7 @@ def add_parser(subparsers: Any) -> None:
     for verb in (create, listing, revoke):
         add_service_arguments(verb)
 
-    projects = subparsers.add_parser("projects", help="create, change and list projects (admins)")
+    projects = add_command(subparsers, "projects")
     verbs = projects.add_subparsers(dest="verb", metavar="VERB", required=True)
     create = verbs.add_parser("create", help="a project with its quotas", **CREATE)
     change = verbs.add_parser("set", help="change a project's quotas (0 for none: lift it)")
@@ -69,10 +70,9 @@ def add_parser(subparsers: Any) -> None:
     for verb in (create, change, listing):
         add_service_arguments(verb)
 
-    audit = subparsers.add_parser("audit", help="who did what, newest first (admins)")
+    audit = add_command(subparsers, "audit", run_audit)
     audit.add_argument("--action", help="only these, e.g. job.delete, device.fail, user.add")
     audit.add_argument("--limit", type=int, default=50)
-    audit.set_defaults(run=run_audit)
     add_service_arguments(audit)
 
 

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from scheduler.models.presets import PRESETS
 from scheduler.planning import planner
@@ -34,13 +43,23 @@ def _printable(value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Matches:
-    """A validator: the whole string matches ``pattern`` (which the schema also shows),
-    else ``message``."""
+    """The whole string matches ``pattern``, else ``message``: the check, and the pattern the
+    schema shows, from one value."""
 
     pattern: str
     message: str
 
-    def __call__(self, value: str) -> str:
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler(schema), "pattern": self.pattern}
+
+    def _check(self, value: str) -> str:
         if not re.fullmatch(self.pattern, value):
             raise ValueError(self.message)
         return value
@@ -93,31 +112,24 @@ the data directory, ``hf:DIR``: at most 255 printable characters, so no referenc
 the file system with a NUL byte or a name longer than one directory entry may be."""
 # A relative path whose segments do not start with '.': never absolute, never '..'.
 _SEGMENT = r"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]*"
-DATASET_PATTERN = rf"^{_SEGMENT}(/{_SEGMENT})*$"
+_RELATIVE = rf"{_SEGMENT}(/{_SEGMENT})*"
+_Reference = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_printable)]
+"""Something in the data directory or the store: 1 to 255 printable characters."""
 DatasetName = Annotated[
-    str,
-    Field(min_length=1, max_length=255, json_schema_extra={"pattern": DATASET_PATTERN}),
-    AfterValidator(_printable),
-    AfterValidator(
-        _Matches(
-            DATASET_PATTERN,
-            "must be 'default' or a file name inside the server's data directory "
-            "(relative, no segment starting with '.')",
-        )
+    _Reference,
+    _Matches(
+        rf"^{_RELATIVE}$",
+        "must be 'default' or a file name inside the server's data directory "
+        "(relative, no segment starting with '.')",
     ),
 ]
-INIT_FROM_PATTERN = rf"^([0-9a-f]{{1,32}}(@[0-9]{{1,9}})?|hf:{_SEGMENT}(/{_SEGMENT})*)$"
 InitFrom = Annotated[
-    str,
-    Field(min_length=1, max_length=255, json_schema_extra={"pattern": INIT_FROM_PATTERN}),
-    AfterValidator(_printable),
-    AfterValidator(
-        _Matches(
-            INIT_FROM_PATTERN,
-            "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
-            "model directory inside the server's data directory (relative, no segment "
-            "starting with '.')",
-        )
+    _Reference,
+    _Matches(
+        rf"^([0-9a-f]{{1,32}}(@[0-9]{{1,9}})?|hf:{_RELATIVE})$",
+        "must be a job id ('JOB_ID' or 'JOB_ID@STEP') or 'hf:DIR', a Hugging Face "
+        "model directory inside the server's data directory (relative, no segment "
+        "starting with '.')",
     ),
 ]
 StrategyName = Annotated[

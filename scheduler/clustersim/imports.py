@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from scheduler.clustersim.trace import TraceError, TraceJob, parse_trace
+from scheduler.clustersim.trace import TraceError, TraceJob, parse_trace, read_trace
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.policy.configs import ClusterClasses
 from scheduler.policy.rates import Config, PlannedRates
@@ -244,13 +244,8 @@ def import_trace(text: str, trace_format: TraceFormat) -> list[TraceJob]:
 
 
 def load_any(path: str | Path, trace_format: TraceFormat) -> list[TraceJob]:
-    path = Path(path)
     if trace_format not in TRACE_FORMATS:
         raise TraceError(
             f"--trace-format: unknown {trace_format!r}; allowed: {', '.join(TRACE_FORMATS)}"
         )
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from exc
-    return import_trace(text, trace_format)
+    return import_trace(read_trace(path), trace_format)

@@ -206,13 +206,17 @@ def parse_trace(text: str) -> list[TraceJob]:
     return sorted(jobs, key=lambda j: j.arrival_s)
 
 
-def load_trace(path: str | Path) -> list[TraceJob]:
+def read_trace(path: str | Path) -> str:
+    """A trace file's text, of any format; one line naming the file if it cannot be read."""
     path = Path(path)
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from exc
-    return parse_trace(text)
+
+
+def load_trace(path: str | Path) -> list[TraceJob]:
+    return parse_trace(read_trace(path))
 
 
 def trace_to_csv(jobs: list[TraceJob]) -> str:

@@ -14,7 +14,7 @@ so the measurement stays the base and only the ratio is a model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from scheduler.hardware.precision import Precision
@@ -381,20 +381,7 @@ class ShardingFigures:
         return self.head_numel + (self.embed_numel if self.tied_head else 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_blocks": self.num_blocks,
-            "block_numel": self.block_numel,
-            "embed_numel": self.embed_numel,
-            "head_numel": self.head_numel,
-            "tied_head": self.tied_head,
-            "tied_numel": self.tied_numel,
-            "unsharded_bytes": self.unsharded_bytes,
-            "state_bytes_per_element": self.state_bytes_per_element,
-            "gather_bytes_per_element": self.gather_bytes_per_element,
-            "grad_bytes_per_element": self.grad_bytes_per_element,
-            "padded_collectives": self.padded_collectives,
-            "collective_latency_s": self.collective_latency_s,
-        }
+        return asdict(self)  # every field, in order: plain numbers and flags
 
 
 def sharding_of(model: ModelPreset, *, padded_collectives: bool = False) -> ShardingFigures:

@@ -546,21 +546,10 @@ def analytic_profile(
         simulated=simulated,
         precision=precision or "fp32",
     )
-    kinds: dict[tuple[str, float, float], int] = {}
-    firsts: list[DeviceProfile] = []
-    kind_of: list[int] = []
-    for d in cluster.devices:
-        key = (d.type, d.peak_tflops, d.memory_gb)
-        kind = kinds.get(key)
-        if kind is None:
-            kind = kinds[key] = len(firsts)
-            firsts.append(derive.device(d))
-        kind_of.append(kind)
-    devices = DeviceTable(
-        kinds=firsts,
-        kind_of=kind_of,
-        ids=[d.id for d in cluster.devices],
-        nodes=[d.node for d in cluster.devices],
+    devices = DeviceTable.grouped(
+        cluster.devices,
+        key=lambda d: (d.type, d.peak_tflops, d.memory_gb),
+        figures=derive.device,
     )
     return Profile(
         model=model.name,

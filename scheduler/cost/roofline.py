@@ -29,8 +29,9 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
 - **the optimizer step**: a fused AdamW streams every parameter's states once per
   step (:func:`optimizer_step_s`), at the streaming bandwidth.
 
-Checked against two published studies (per-layer and whole-step measurements on twelve
-GPU types) by tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
+Checked against three published sets of measurements (per-layer ones from Mu Li's notebook
+on PyTorch 1.13 and 2.0, Lambda's whole steps; thirteen GPU types) by
+tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
 from __future__ import annotations

@@ -13,18 +13,19 @@ share.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar, overload
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Protocol, TypeVar, overload
 
 from scheduler.cost.costs import DeviceProfile
 
 
-def kind_key(d: DeviceProfile) -> tuple[object, ...]:
-    """Every figure of ``d`` but its id and node. Nested figures count by identity: an
+def figures_key(d: DeviceProfile) -> tuple[object, ...]:
+    """What the data-parallel search tells kinds apart by: the figures it reads and the
+    precision its entries carry; not the type, id, node or per-layer figures (a measured
+    profile has an object of those per device). Nested figures count by identity: an
     analytic profile shares one object per kind, and equal figures in distinct objects
     only make more kinds, never wrong ones."""
     return (
-        d.type,
         d.capacity_bytes,
         d.static_bytes,
         d.per_sample_bytes,
@@ -32,10 +33,28 @@ def kind_key(d: DeviceProfile) -> tuple[object, ...]:
         d.per_sample_s,
         d.micro_batch_limit,
         d.precision,
-        id(d.layers),
         id(d.selective),
         id(d.full),
     )
+
+
+def kind_key(d: DeviceProfile) -> tuple[object, ...]:
+    """Every figure of ``d`` but its id and node: its type, its per-layer figures (by
+    identity) and :func:`figures_key`."""
+    return (d.type, id(d.layers), *figures_key(d))
+
+
+class Placed(Protocol):
+    """A device of a cluster spec or of a profile: what a table keeps of each."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def node(self) -> str: ...
+
+
+P = TypeVar("P", bound=Placed)
 
 
 T = TypeVar("T")
@@ -112,31 +131,45 @@ class DeviceTable(ColumnRows[DeviceProfile]):
         super().__init__()
 
     @classmethod
-    def of(
+    def grouped(
         cls,
-        devices: Sequence[DeviceProfile],
-        key: Callable[[DeviceProfile], tuple[object, ...]] = kind_key,
+        devices: Sequence[P],
+        *,
+        key: Callable[[P], Hashable],
+        figures: Callable[[P], DeviceProfile],
     ) -> DeviceTable:
-        """``devices`` grouped by kind (itself when it already is a table). A ``key`` that
-        leaves figures out groups by what a reader of ``kinds`` tells apart (the dp search
-        ignores per-layer figures); the table's items stay the devices given."""
-        if isinstance(devices, DeviceTable):
-            return devices
-        kinds: dict[tuple[object, ...], int] = {}
-        firsts: list[DeviceProfile] = []
-        kind_of = []
+        """``devices`` (a spec's or a profile's) grouped by ``key``, kinds in order of first
+        appearance: each kind's figures are ``figures(d)`` of its first device ``d``."""
+        kinds: dict[Hashable, int] = {}
+        firsts: list[P] = []
+        kind_of: list[int] = []
         for d in devices:
-            kind = kinds.get(key(d))
+            k = key(d)
+            kind = kinds.get(k)
             if kind is None:
-                kind = kinds[key(d)] = len(firsts)
+                kind = kinds[k] = len(firsts)
                 firsts.append(d)
             kind_of.append(kind)
-        table = cls(
-            kinds=firsts,
+        return cls(
+            kinds=[figures(d) for d in firsts],
             kind_of=kind_of,
             ids=[d.id for d in devices],
             nodes=[d.node for d in devices],
         )
+
+    @classmethod
+    def of(
+        cls,
+        devices: Sequence[DeviceProfile],
+        key: Callable[[DeviceProfile], Hashable] = kind_key,
+    ) -> DeviceTable:
+        """``devices`` grouped by kind (itself when it already is a table). A ``key`` that
+        leaves figures out groups by what a reader of ``kinds`` tells apart (the dp search
+        ignores per-layer figures: :func:`figures_key`); the table's items stay the
+        devices given."""
+        if isinstance(devices, DeviceTable):
+            return devices
+        table = cls.grouped(devices, key=key, figures=_itself)
         table._rows = tuple(devices)  # already built: keep them
         return table
 
@@ -177,6 +210,10 @@ class DeviceTable(ColumnRows[DeviceProfile]):
     def __reduce__(self) -> tuple[object, ...]:
         # pickled (to Ray workers) as its columns, not as built devices
         return (_table, (self.kinds, self.kind_of, self.ids, self.nodes))
+
+
+def _itself(d: DeviceProfile) -> DeviceProfile:
+    return d
 
 
 def _table(

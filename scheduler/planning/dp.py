@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from scheduler.cost.costmodel import ring_allreduce_s, slowest_link_gbps
 from scheduler.cost.profile import DeviceProfile, Profile
-from scheduler.cost.table import DeviceTable
+from scheduler.cost.table import DeviceTable, figures_key
 from scheduler.errors import PlanError
 from scheduler.models.activations import RECOMPUTE_MODES
 from scheduler.planning.plan import (
@@ -73,8 +73,8 @@ class _Group:
     device lacks, or in which one sample does not fit, has ``max_micro`` 0. Devices with
     identical figures form one *kind* (the ``kind_*`` arrays, one column per kind, the
     kinds of the profile's :class:`~scheduler.cost.table.DeviceTable`, or of
-    :func:`_search_key`): an analytic profile of 16,384 devices has a few dozen kinds, and the
-    search runs on those (:func:`_optimal`)."""
+    :func:`~scheduler.cost.table.figures_key`): an analytic profile of 16,384 devices has a
+    few dozen kinds, and the search runs on those (:func:`_optimal`)."""
 
     kinds: Sequence[DeviceProfile]
     """One device of each kind."""
@@ -167,29 +167,12 @@ def _kind_columns(d: DeviceProfile) -> tuple[list[int], list[float], list[float]
     return max_micro, fixed_s, per_sample_s, per_sample_bytes
 
 
-def _search_key(d: DeviceProfile) -> tuple[object, ...]:
-    """What tells kinds apart for the search: the figures it reads and the precision its
-    entries carry, not the per-layer figures (a measured profile has an object of them per
-    device, and they do not count here)."""
-    return (
-        d.capacity_bytes,
-        d.static_bytes,
-        d.per_sample_bytes,
-        d.fixed_s,
-        d.per_sample_s,
-        d.micro_batch_limit,
-        d.precision,
-        id(d.selective),  # by identity: equal figures in two objects only make two kinds
-        id(d.full),
-    )
-
-
 def _prepare(devices: Sequence[DeviceProfile]) -> tuple[_Group, list[Excluded]]:
     """The usable devices as a group, the others with a reason; PlanError if none.
 
     Everything per device is an array indexed by kind (one Python step per kind, a few
     per device), so a profile of 16,384 devices prepares in milliseconds."""
-    table = DeviceTable.of(devices, key=_search_key)
+    table = DeviceTable.of(devices, key=figures_key)
     fits = [k.fits_one_sample() for k in table.kinds]
     kind_of = np.array(table.kind_of, dtype=np.int64)
     if all(fits):

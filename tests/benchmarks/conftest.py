@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from scheduler.hardware.cluster import Cluster, parse_cluster
+from scheduler.planning.plan import Plan
 from tests.benchmarks.simrun import CLUSTER
-from workers.session import WorkerPool, start_local_ray
+from tests.support import TINY
+from workers.session import WorkerPool, start_local_ray, train
+
+PLAN_STEPS = 6
+"""Steps :func:`median_step_s` trains each plan (the first pays for warm-up)."""
 
 
 def big_and_small_a100s(name: str, *, num_80gb: int, num_40gb: int) -> Cluster:
@@ -48,6 +55,22 @@ def paced_local_ray(cluster: Cluster, margin: str = "8") -> Iterator[None]:
             del os.environ["HETSCHED_PACING_MARGIN"]
         else:
             os.environ["HETSCHED_PACING_MARGIN"] = previous
+
+
+@pytest.fixture(scope="module")
+def paced_ray(request: pytest.FixtureRequest) -> Iterator[None]:
+    """:func:`paced_local_ray` for the module's ``CLUSTER``, for all of its tests."""
+    with paced_local_ray(request.module.CLUSTER):
+        yield
+
+
+def median_step_s(cluster: Cluster, plan: Plan, cache_dir: Path) -> float:
+    """``plan`` trained on gpt-tiny for :data:`PLAN_STEPS` steps: its median step time,
+    the first step (warm-up) left out."""
+    result = train(
+        cluster=cluster, model=TINY, plan=plan, steps=PLAN_STEPS, seed=0, cache_dir=cache_dir
+    )
+    return statistics.median(result.step_times_s[1:])
 
 
 @pytest.fixture(scope="module")

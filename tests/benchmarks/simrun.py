@@ -18,16 +18,7 @@ from scheduler.hardware.cluster import load_cluster
 from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.models.presets import get_preset
 from scheduler.planning.plan import Plan
-from scheduler.planning.planner import make_plan
-from workers.session import (
-    Checkpointing,
-    LiveReplanning,
-    Recorder,
-    RunConfig,
-    TrainResult,
-    WorkerPool,
-    train,
-)
+from workers.session import Checkpointing, Recorder, RunBuilder, TrainResult, WorkerPool
 
 CLUSTER = load_cluster(Path(__file__).resolve().parents[2] / "deploy/clusters/local-sim.yaml")
 MODEL = get_preset("gpt-tiny")
@@ -44,36 +35,32 @@ def durable_run(
     faults: Sequence[str] = (),
     replan: bool = False,
 ) -> tuple[TrainResult, list[Any], list[Any], float]:
-    """Train ``plan``; returns the result, the re-plans that switched, the recoveries and
-    the run's wall time in seconds."""
+    """Train ``plan`` as the service does (:class:`workers.session.RunBuilder`: a recovery
+    re-plans on the devices left); returns the result, the re-plans that switched, the
+    recoveries and the run's wall time in seconds."""
+    builder = RunBuilder(
+        cluster=CLUSTER,
+        model=MODEL,
+        profile=profile,
+        strategy=plan.strategy,
+        global_batch=plan.global_batch,
+        steps=steps,
+        seed=0,
+        cache_dir=cache_dir,
+    )
     hooks = Recorder()
     with tempfile.TemporaryDirectory(prefix="hetsched-bench-") as root:
-        begin = time.perf_counter()
-        result = train(
-            cluster=CLUSTER,
-            model=MODEL,
-            plan=plan,
-            steps=steps,
-            seed=0,
-            cache_dir=cache_dir,
-            pool=pool,
-            config=RunConfig(
-                checkpointing=Checkpointing(root=root, every_steps=checkpoint_every)
-                if checkpoint_every
-                else None,
-                max_failures=len(faults),
-                faults=FaultSchedule([parse_fault(f) for f in faults]),
-                live=LiveReplanning(profile=profile, strategy=plan.strategy, total_steps=steps)
-                if replan
-                else None,
-            ),
-            hooks=hooks,
-            replan=lambda lost: make_plan(
-                profile.subset([d.id for d in profile.devices if d.id not in lost]),
-                plan.global_batch,
-                plan.strategy,
-            ),
+        config = builder.config(
+            checkpointing=Checkpointing(root=root, every_steps=checkpoint_every)
+            if checkpoint_every
+            else None,
+            validation=None,
+            max_failures=len(faults),
+            follow_speed=replan,
+            faults=FaultSchedule([parse_fault(f) for f in faults]),
         )
+        begin = time.perf_counter()
+        result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks)
         wall_s = time.perf_counter() - begin
     assert result.steps_done == steps
     switches = [d for d in hooks.replans if d.switch]

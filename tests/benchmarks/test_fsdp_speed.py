@@ -17,30 +17,21 @@ what the measurement checks.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scheduler.planning.planner import make_plan
-from tests.benchmarks.conftest import big_and_small_a100s, paced_local_ray
+from tests.benchmarks.conftest import big_and_small_a100s, median_step_s
 from tests.support import TINY
 
 GLOBAL_BATCH = 32
-STEPS = 6
 CLUSTER = big_and_small_a100s("one-big", num_80gb=1, num_40gb=3)
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    with paced_local_ray(CLUSTER):
-        yield
-
-
 @pytest.mark.benchmark
-def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
-    from workers.session import profile_cluster, train
+def test_fsdp_against_dp_and_pipelines(paced_ray: None, tmp_path: Path) -> None:
+    from workers.session import profile_cluster
 
     profile = profile_cluster(CLUSTER, TINY, cache_dir=tmp_path)
     plans = {
@@ -49,12 +40,7 @@ def test_fsdp_against_dp_and_pipelines(local_ray: None, tmp_path: Path) -> None:
         "fsdp": make_plan(profile, GLOBAL_BATCH, "fsdp"),
     }
     assert len(plans["dp"].active) == 1, "the states fit only the A100-80GB"
-    measured = {}
-    for name, plan in plans.items():
-        result = train(
-            cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=0, cache_dir=tmp_path
-        )
-        measured[name] = statistics.median(result.step_times_s[1:])
+    measured = {name: median_step_s(CLUSTER, plan, tmp_path) for name, plan in plans.items()}
     print(
         f"\n{'plan':>8}  {'strategy':>8}  devices  predicted samples/s  measured samples/s  error"
     )

@@ -17,9 +17,7 @@ four actors on two otherwise idle cores) contention leaks into the timings.
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,39 +26,25 @@ from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.planner import make_plan
-from tests.benchmarks.conftest import big_and_small_a100s, paced_local_ray
+from tests.benchmarks.conftest import big_and_small_a100s, median_step_s
 from tests.support import TINY
 
 GLOBAL_BATCH = 32
-STEPS = 6
 CLUSTER = big_and_small_a100s("half-small", num_80gb=2, num_40gb=2)
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    with paced_local_ray(CLUSTER):
-        yield
-
-
-def _median_step_s(times: list[float]) -> float:
-    return statistics.median(times[1:])  # the first step pays for warm-up
-
-
 @pytest.mark.benchmark
-def test_auto_uses_the_small_devices_and_beats_dp(local_ray: None, tmp_path: Path) -> None:
-    from workers.session import profile_cluster, train
+def test_auto_uses_the_small_devices_and_beats_dp(paced_ray: None, tmp_path: Path) -> None:
+    from workers.session import profile_cluster
 
     profile = profile_cluster(CLUSTER, TINY, cache_dir=tmp_path)
     dp = make_plan(profile, GLOBAL_BATCH, "dp")
     auto = make_plan(profile, GLOBAL_BATCH, "auto")
     assert {e.id for e in dp.excluded} == {"b/0", "b/1"}
     assert auto.strategy in ("pp", "hybrid") and len(auto.active) == 4
-    measured = {}
-    for name, plan in (("dp", dp), ("auto", auto)):
-        result = train(
-            cluster=CLUSTER, model=TINY, plan=plan, steps=STEPS, seed=0, cache_dir=tmp_path
-        )
-        measured[name] = _median_step_s(result.step_times_s)
+    measured = {
+        name: median_step_s(CLUSTER, plan, tmp_path) for name, plan in (("dp", dp), ("auto", auto))
+    }
     print(f"\nauto chose {auto.strategy}: " + "; ".join(auto.notes))
     for d in auto.devices:
         print(

@@ -50,18 +50,8 @@ def _profile(index: int) -> Profile:
 
 def _as_table(profile: Profile) -> Profile:
     """The same devices as a table: one object per kind of equal figures."""
-    kinds: dict[DeviceProfile, int] = {}
-    firsts, kind_of = [], []
-    for d in profile.devices:
-        kind = kinds.setdefault(replace(d, id="", node=""), len(firsts))
-        if kind == len(firsts):
-            firsts.append(d)
-        kind_of.append(kind)
-    table = DeviceTable(
-        kinds=firsts,
-        kind_of=kind_of,
-        ids=[d.id for d in profile.devices],
-        nodes=[d.node for d in profile.devices],
+    table = DeviceTable.grouped(
+        profile.devices, key=lambda d: replace(d, id="", node=""), figures=lambda d: d
     )
     return replace(profile, devices=table)
 

@@ -17,16 +17,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler.hardware.faults import FaultSchedule, parse_fault
-from scheduler.planning.planner import make_plan
 from tests.support import TINY, make_cluster
-from workers.session import (
-    LiveReplanning,
-    Recorder,
-    RunConfig,
-    WorkerPool,
-    profile_cluster,
-    train,
-)
+from workers.session import Recorder, RunBuilder, WorkerPool, profile_cluster
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -54,24 +46,26 @@ def pool():
 
 def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: bool = True):
     profile = profile_cluster(cluster, TINY, cache_dir=cache_dir, layers=None, pool=pool)
-    plan = make_plan(profile, BATCH, "dp")
-    hooks = Recorder()
-    result = train(
+    builder = RunBuilder(
         cluster=cluster,
         model=TINY,
-        plan=plan,
+        profile=profile,
+        strategy="dp",
+        global_batch=BATCH,
         steps=steps,
         seed=3,
         cache_dir=cache_dir,
-        pool=pool,
-        config=RunConfig(
-            faults=FaultSchedule([parse_fault(f) for f in faults]),
-            live=LiveReplanning(profile=profile, strategy="dp", total_steps=steps)
-            if replan
-            else None,
-        ),
-        hooks=hooks,
     )
+    plan = builder.plan()
+    config = builder.config(
+        checkpointing=None,
+        validation=None,
+        max_failures=0,
+        follow_speed=replan,
+        faults=FaultSchedule([parse_fault(f) for f in faults]),
+    )
+    hooks = Recorder()
+    result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks)
     return plan, result, hooks.replans
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from scheduler.models.presets import ModelPreset
 from workers.models import gpt, llama
+from workers.models.stage import StagePart
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,23 +50,14 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 
-def build_model(
-    preset: ModelPreset,
-    *,
-    seed: int,
-    first: int = 0,
-    last: int | None = None,
-    embed: bool = True,
-    head: bool = True,
-) -> nn.Module:
-    """Blocks ``[first, last)`` of ``preset``'s model, with the embedding and/or head.
+def build_model(preset: ModelPreset, *, seed: int, **part: Unpack[StagePart]) -> nn.Module:
+    """The ``part`` of ``preset``'s model: blocks ``[first, last)``, with the embedding
+    and/or head (:class:`~workers.models.stage.StagePart`).
 
     ``build_model(preset, seed=0)`` is the whole model; build it under
     ``with torch.device("meta"):`` to count a 13B model's parameters for free.
     """
-    return FAMILIES[preset.family].build(
-        preset, seed=seed, first=first, last=last, embed=embed, head=head
-    )
+    return FAMILIES[preset.family].build(preset, seed=seed, **part)
 
 
 def model_pieces(preset: ModelPreset) -> list[str]:

@@ -9,6 +9,8 @@ Legend: B batch, T sequence length, C d_model, nh heads, hs head size, V vocabul
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +18,10 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
-from workers.models.stage import StageModel
+from workers.models.stage import StageModel, StagePart, causal_attention
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only
 
 
 class CausalSelfAttention(nn.Module):
@@ -33,9 +38,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.proj(y)
+        return self.proj(causal_attention(q, k, v))
 
 
 class MLP(nn.Module):
@@ -103,20 +106,11 @@ class GPT(StageModel):
 
     family = "gpt"
 
-    def __init__(
-        self,
-        preset: ModelPreset,
-        *,
-        seed: int,
-        first: int = 0,
-        last: int | None = None,
-        embed: bool = True,
-        head: bool = True,
-    ) -> None:
-        super().__init__(preset, first=first, last=last)
-        self.embed = Embedding(preset) if embed else None
+    def __init__(self, preset: ModelPreset, *, seed: int, **part: Unpack[StagePart]) -> None:
+        super().__init__(preset, **part)
+        self.embed = Embedding(preset) if self.holds_embed else None
         self.blocks = nn.ModuleDict({str(i): Block(preset) for i in range(self.first, self.last)})
-        self.head = Head(preset) if head else None
+        self.head = Head(preset) if self.holds_head else None
         init_parameters(
             self,
             seed=seed,

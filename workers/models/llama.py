@@ -13,6 +13,8 @@ heads, hs head size, F MLP hidden size, V vocabulary.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,10 @@ from torch import nn
 from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset
 from workers.models.init import ParamKind, init_parameters
-from workers.models.stage import StageModel
+from workers.models.stage import StageModel, StagePart, causal_attention
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only
 
 
 class RMSNorm(nn.Module):
@@ -90,9 +95,7 @@ class Attention(nn.Module):
             # Query head j reads key/value head j // (nh / nkv), as Hugging Face's repeat_kv.
             k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hs)
             v = v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.proj(y)
+        return self.proj(causal_attention(q, k, v))
 
 
 class MLP(nn.Module):
@@ -134,25 +137,16 @@ class Llama(StageModel):
     tied = False
     """The head is its own weight (unlike GPT-2's); nothing to keep equal across stages."""
 
-    def __init__(
-        self,
-        preset: ModelPreset,
-        *,
-        seed: int,
-        first: int = 0,
-        last: int | None = None,
-        embed: bool = True,
-        head: bool = True,
-    ) -> None:
-        super().__init__(preset, first=first, last=last)
+    def __init__(self, preset: ModelPreset, *, seed: int, **part: Unpack[StagePart]) -> None:
+        super().__init__(preset, **part)
         C, V = preset.d_model, preset.vocab_size
-        self.tok_embeddings = nn.Embedding(V, C) if embed else None
+        self.tok_embeddings = nn.Embedding(V, C) if self.holds_embed else None
         rotary = Rotary(preset)
         self.blocks = nn.ModuleDict(
             {str(i): Block(preset, rotary) for i in range(self.first, self.last)}
         )
-        self.norm = RMSNorm(C, preset.norm_eps) if head else None
-        self.output = nn.Linear(C, V, bias=False) if head else None
+        self.norm = RMSNorm(C, preset.norm_eps) if self.holds_head else None
+        self.output = nn.Linear(C, V, bias=False) if self.holds_head else None
         init_parameters(self, seed=seed, num_layers=preset.num_layers, kind_of=_param_kind)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
