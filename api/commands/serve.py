@@ -149,6 +149,7 @@ def _serve(settings: Any) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.core.http import OneSendHttpProtocol
 
     if not settings.ray_address:
         load_cluster(settings.cluster_file)  # a bad spec is a one-line error, not a dead service
@@ -165,5 +166,14 @@ def _serve(settings: Any) -> int:
         where = f"Ray at {settings.ray_address}{simulating}"
     print(f"hetsched: control plane on {where}; data in {settings.data_dir.resolve()}")
     print(f"hetsched: dashboard at http://{host}:{settings.port}/  (API docs at /docs)", flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    # No access log: at this log level uvicorn never printed it, yet built its line's
+    # fields for every request (fifty dashboards polling: thousands a second).
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        http=OneSendHttpProtocol,
+    )
     return 0
