@@ -225,8 +225,8 @@ def create_app(
     install_openapi(
         app, token_required=settings.token is not None, num_devices=lambda: _num_devices(app)
     )
-    app.add_middleware(JobPolls)  # innermost: after the guard, before routing
-    app.add_middleware(AllowHeader)
+    app.add_middleware(AllowHeader)  # innermost: OPTIONS and 405s, never a poll's 200
+    app.add_middleware(JobPolls)  # after the guard, before routing
     # Added last, so it runs first: nothing is routed or read before the guard passed it.
     app.add_middleware(RequestGuard, config=guard_config(settings, users=StoredTokens(app)))
     app.add_middleware(HttpMetrics, telemetry=telemetry)  # counts the guard's refusals too

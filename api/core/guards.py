@@ -136,6 +136,14 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
+def _host(scope: Scope) -> str:
+    """The ``Host`` header's value; empty without one."""
+    for key, value in scope["headers"]:
+        if key == b"host":  # ASGI servers hand header names over lower-cased
+            return value.decode("latin-1")
+    return ""
+
+
 CHALLENGE = {"www-authenticate": "Bearer"}
 
 
@@ -230,8 +238,7 @@ class RequestGuard:
 
     async def _check(self, scope: Scope, receive: Receive) -> Receive:
         config = self.config
-        headers = _headers(scope)
-        host = headers.get("host", "")
+        host = _host(scope)
         if not config.hosts.allows(hostname(host)):
             raise Refused(
                 400,
@@ -239,7 +246,8 @@ class RequestGuard:
                 f"{', '.join(config.hosts.names())} (HETSCHED_ALLOWED_HOSTS adds names)",
             )
         if scope["method"] not in MUTATING:
-            return receive
+            return receive  # reads (dashboards polling) need the Host alone
+        headers = _headers(scope)
         check_origin(headers.get("origin"), host)
         if config.token is not None or (config.users is not None and config.users.exist()):
             await check_any_token(headers, config)

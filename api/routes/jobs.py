@@ -228,11 +228,11 @@ async def read_job(
 ) -> Response:
     """The job and what changed its plan while it ran.
 
-    Dashboards poll this: while nothing was written since the last answer,
-    :class:`JobPolls` answers before routing; here :meth:`api.views.JobPages.answer`
-    reads in the thread pool (never holding up the event loop, and so every other
-    request), once for every poll that comes meanwhile. Another project's job is as
-    absent as a missing one."""
+    Dashboards poll this: :class:`JobPolls` answers them before routing wherever who
+    asks needs no lookup; here the rest (a user's token looked up first) get the same
+    :meth:`api.views.JobPages.answer`, which reads in the thread pool (never holding up
+    the event loop, and so every other request), once for every poll that comes
+    meanwhile. Another project's job is as absent as a missing one."""
     pages: JobPages = request.app.state.job_pages
     page = None
     if JOB_ID.fullmatch(job_id):
@@ -248,20 +248,25 @@ JOB_PATH = re.compile(rf"{API_PREFIX}/jobs/({JOB_ID.pattern})")
 
 
 class JobPolls:
-    """ASGI middleware: ``GET /jobs/{id}`` answered before routing while nothing was
-    written since its last answer, the cost of fifty dashboards polling one job.
+    """ASGI middleware: ``GET /jobs/{id}`` answered before routing, the cost of fifty
+    dashboards polling one job.
 
-    It answers what :func:`read_job` would, byte for byte, from :meth:`JobPages.cached`,
-    where who is asking needs no read either (:func:`api.deps.principal_without_lookup`);
-    anything else (a user's token, a changed or unreadable job) goes on to the route.
-    Installed inside :class:`api.core.guards.RequestGuard`, so the host check holds.
+    It answers what :func:`read_job` would, byte for byte, from :meth:`JobPages.answer`
+    (no read while nothing was written since the last answer; after a write, one read
+    in the thread pool shared by every poll that comes meanwhile), where who is asking
+    needs no read either (:func:`api.deps.principal_without_lookup`). A training step
+    writes, so every step sent each dashboard's next poll through routing and
+    dependency resolution, fifty at once, the slowest answers of all; now only a
+    user's token still to be looked up, a missing job or one the caller may not read
+    goes on to the route. Installed inside :class:`api.core.guards.RequestGuard`, so
+    the host check holds.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self._unchanged(scope) if scope["type"] == "http" else None
+        body = await self._answer(scope) if scope["type"] == "http" else None
         if body is None:
             await self.app(scope, receive, send)
             return
@@ -271,7 +276,7 @@ class JobPolls:
         await send({"type": "http.response.body", "body": body})
 
     @staticmethod
-    def _unchanged(scope: Scope) -> bytes | None:
+    async def _answer(scope: Scope) -> bytes | None:
         match = JOB_PATH.fullmatch(scope["path"]) if scope["method"] == "GET" else None
         state: AppState | None = getattr(scope["app"].state, "hetsched", None)
         if match is None or state is None:
@@ -285,11 +290,11 @@ class JobPolls:
             elif key == identity_key:
                 identity = value.decode("latin-1")
         principal = principal_without_lookup(state, authorization, identity)
-        if principal is None:
-            return None
+        if principal is None or not (principal.authenticated or principal.reads_all):
+            return None  # looked up, or refused (401), by the route's dependencies
         pages: JobPages = scope["app"].state.job_pages
         readable = functools.partial(may, principal, action="read")
-        return pages.cached(state.store, match[1], readable)
+        return await pages.answer(state.store, match[1], readable)
 
 
 @router.get(

@@ -121,3 +121,21 @@ def test_a_cached_answer_is_only_ever_shown_to_whom_the_route_would_show_it(
     assert client.post("/api/v1/users/alice/revoke", headers=admin).status_code == 200
     refused = client.get(url, headers=tokens["alice"])
     assert refused.status_code == 401 and "revoked" in refused.json()["detail"]
+
+
+def test_after_a_write_a_poll_the_route_would_refuse_reads_no_job(
+    service: tuple[TestClient, JobStore],
+) -> None:
+    """Polls after a write are answered before routing too, but only for callers the
+    route would answer: one without a token (a 401) costs no read of the job."""
+    client, store = service
+    job_id = add_job(store)
+    url = f"{JOBS}/{job_id}"
+    assert client.get(url, headers=bearer(ADMIN)).status_code == 200
+    store.add_event(job_id, kind="replan", step=1, data={})  # the answer above is stale now
+    seen = statements(store)
+    for headers in ({}, bearer("not-a-token")):
+        assert client.get(url, headers=headers).status_code == 401
+    assert [s for s in seen if "FROM jobs" in s] == []
+    assert len(client.get(url, headers=bearer(ADMIN)).json()["events"]) == 1
+    assert [s for s in seen if "FROM jobs" in s] != []  # read once the admin asked
