@@ -388,41 +388,48 @@ class JobStore:
             return counts
 
     @_retrying
-    def _transition(self, job_id: str, from_states: Iterable[JobState], **values: Any) -> bool:
+    def _transition(
+        self,
+        job_id: str,
+        from_states: Iterable[JobState],
+        *,
+        event: EventRow | None = None,
+        **values: Any,
+    ) -> bool:
+        """Set ``values`` on the job if it is in one of ``from_states`` (False if not),
+        adding ``event`` in the same transaction when it was."""
         with self._tx() as session:
             result = session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state.in_(list(from_states)))
                 .values(**values)
             )
-            return bool(result.rowcount)  # type: ignore[attr-defined]
+            moved = bool(result.rowcount)  # type: ignore[attr-defined]
+            if moved and event is not None:
+                session.add(event)
+            return moved
 
     def set_waiting(self, job_id: str, message: str) -> None:
         self._transition(job_id, [PENDING], message=message)
 
-    @_retrying
     def start(
         self, job_id: str, devices: list[str], *, allocation: dict[str, Any] | None = None
     ) -> bool:
         """PENDING -> RUNNING with its devices; False when it is no longer pending. The
         ``allocation`` event that says why is written in the same transaction, so no reader
         sees a running job without it."""
-        with self._tx() as session:
-            result = session.execute(
-                update(JobRow)
-                .where(JobRow.id == job_id, JobRow.state == PENDING)
-                .values(
-                    state=RUNNING,
-                    devices_json=json.dumps(devices),
-                    started_at=now(),
-                    message="profiling",
-                )
-            )
-            if not result.rowcount:  # type: ignore[attr-defined]
-                return False
-            if allocation is not None:
-                session.add(_event_row(job_id, kind="allocation", step=0, data=allocation))
-            return True
+        event = None
+        if allocation is not None:
+            event = _event_row(job_id, kind="allocation", step=0, data=allocation)
+        return self._transition(
+            job_id,
+            [PENDING],
+            event=event,
+            state=RUNNING,
+            devices_json=json.dumps(devices),
+            started_at=now(),
+            message="profiling",
+        )
 
     def set_plan(self, job_id: str, plan: Plan, devices: list[str]) -> None:
         """Store the plan and the devices it uses (the others are handed back)."""
