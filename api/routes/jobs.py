@@ -254,12 +254,11 @@ class JobPolls:
     It answers what :func:`read_job` would, byte for byte, from :meth:`JobPages.answer`
     (no read while nothing was written since the last answer; after a write, one read
     in the thread pool shared by every poll that comes meanwhile), where who is asking
-    needs no read either (:func:`api.deps.principal_without_lookup`). A training step
-    writes, so every step sent each dashboard's next poll through routing and
-    dependency resolution, fifty at once, the slowest answers of all; now only a
-    user's token still to be looked up, a missing job or one the caller may not read
-    goes on to the route. Installed inside :class:`api.core.guards.RequestGuard`, so
-    the host check holds.
+    needs no read either (:func:`api.deps.principal_without_lookup`). Every training
+    step writes, so answering after a write here too keeps fifty dashboards' next polls
+    out of routing and dependency resolution. Only a user's token still to be looked
+    up, a missing job or one the caller may not read goes on to the route. Installed
+    inside :class:`api.core.guards.RequestGuard`, so the host check holds.
     """
 
     def __init__(self, app: ASGIApp) -> None:
