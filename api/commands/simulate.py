@@ -224,7 +224,7 @@ def simulate(
     ``init_from``: a Hugging Face directory every run starts from. ``precision``:
     what every run computes in (``auto``: per device type).
     """
-    from workers.session import RunBuilder, default_cache_dir, default_validation
+    from workers.session import RunBuilder, TrainJob, default_cache_dir, default_validation
 
     cache_dir = cache_dir or default_cache_dir()
     validation = default_validation(steps, every=val_every, batches=val_batches)
@@ -242,15 +242,19 @@ def simulate(
             pool=pool,
             progress=progress,
         )
-        first = RunBuilder(
+        job = TrainJob(
             cluster=cluster,
             model=preset,
+            steps=steps,
+            seed=seed,
+            optimizer=OptimizerSpec().runtime(),  # a job's defaults: the same curve as the service
+            cache_dir=cache_dir,
+        )
+        first = RunBuilder(
+            job=job,
             profile=profile.at_precision(precision),
             strategy=strategies[0],
             global_batch=global_batch,
-            steps=steps,
-            seed=seed,
-            cache_dir=cache_dir,
         )
         runs = [
             _train(
@@ -379,7 +383,7 @@ def _train(
     """One strategy's run, checkpointing into a temporary directory; its entry of ``runs``."""
     from workers.session import Checkpointing, Recorder
 
-    strategy, steps = builder.strategy, builder.steps
+    strategy, steps = builder.strategy, builder.job.steps
     plan = builder.plan()
     hooks = Recorder(
         watch=lambda m: progress.step(
@@ -387,7 +391,7 @@ def _train(
         )
     )
     progress.step(strategy, 0, steps, "starting actors")
-    faults = builder.cluster.simulation.faults
+    faults = builder.job.cluster.simulation.faults
     with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
         config = builder.config(
             checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
@@ -396,14 +400,7 @@ def _train(
             follow_speed=follow_speed,
             faults=FaultSchedule(faults),
         )
-        result = builder.train(
-            plan=plan,
-            pool=pool,
-            config=config,
-            hooks=hooks,
-            restore=restore,
-            optimizer=OptimizerSpec().runtime(),  # a job's defaults: the same curve as the service
-        )
+        result = builder.train(plan, pool=pool, config=config, hooks=hooks, restore=restore)
     after_first = result.step_times_s[1:] or result.step_times_s
     measured = statistics.median(after_first)
     return {
