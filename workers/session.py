@@ -4,19 +4,21 @@
 profile through these names (other commands and routes reach the modules they read
 directly: datasets, checkpoint export, placement checks)::
 
-    from workers.session import RunConfig, WorkerPool, profile_cluster, start_local_ray, train
+    from workers.session import TrainJob, WorkerPool, profile_cluster, start_local_ray, train
     start_local_ray(cluster)
     pool = WorkerPool(cluster, simulated=True)       # warm workers, reused by every run
-    profile = profile_cluster(cluster, preset, cache_dir=Path(".hetsched/cache"), pool=pool)
+    cache_dir = Path(".hetsched/cache")
+    profile = profile_cluster(cluster, preset, cache_dir=cache_dir, pool=pool)
     plan = make_plan(profile, 64, "dp")
-    result = train(cluster=cluster, model=preset, plan=plan, steps=20, seed=0, pool=pool)
+    job = TrainJob(cluster=cluster, model=preset, steps=20, seed=0, cache_dir=cache_dir)
+    result = train(job, plan, pool=pool)
     pool.shutdown()
 
 :class:`RunBuilder` is the run both the service and the CLI start from a profile.
 
 Simulated devices are paced against a host calibration cached under
-``cache_dir``; pass the same ``cache_dir`` to :func:`profile_cluster` and
-:func:`train` so that the two pace identically (the default is
+``cache_dir``; give :func:`profile_cluster` and the :class:`TrainJob` the same
+``cache_dir`` so that the two pace identically (the default is
 :func:`workers.devices.calibration.default_cache_dir`).
 """
 
@@ -51,7 +53,7 @@ from workers.errors import WorkerError
 from workers.models.hf import load_hf_directory
 from workers.profiler import profile_devices
 from workers.records import DeviceStep, OptimizerConfig, Recovery, StepMetrics, TrainResult
-from workers.run.config import Checkpointing, RunConfig, Validation, default_validation
+from workers.run.config import Checkpointing, RunConfig, TrainJob, Validation, default_validation
 from workers.run.hooks import NoHooks, Recorder, RunHooks
 from workers.run.job import Job
 from workers.run.replanning import LiveReplanning
@@ -71,6 +73,7 @@ __all__ = [
     "RunConfig",
     "RunHooks",
     "StepMetrics",
+    "TrainJob",
     "TrainResult",
     "Validation",
     "WorkerError",
@@ -85,7 +88,6 @@ __all__ = [
     "train",
 ]
 
-DEFAULT_OPTIMIZER = OptimizerConfig()
 DEFAULT_CONFIG = RunConfig()
 
 
@@ -178,97 +180,82 @@ def profile_cluster(
 
 
 def train(
-    *,
-    cluster: Cluster,
-    model: ModelPreset,
+    job: TrainJob,
     plan: Plan,
-    steps: int,
-    seed: int,
-    dataset: Path | None = None,
-    optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
-    simulated: bool = True,
-    cache_dir: Path | None = None,
-    dtype: str = "float32",
+    *,
     pool: WorkerPool | None = None,
     config: RunConfig = DEFAULT_CONFIG,
     hooks: RunHooks | None = None,
     restore: CheckpointInfo | None = None,
     replan: Callable[[set[str]], Plan] | None = None,
 ) -> TrainResult:
-    """Train ``plan`` up to ``steps`` steps and return the losses and timings.
+    """Train ``job`` on ``plan`` up to the job's steps and return the losses and timings.
 
     One warm worker per active device of the plan (from ``pool``, or a temporary
     pool) joined into a fresh torch.distributed group, for every strategy
     (:class:`workers.run.driver.Run`); ``hooks`` hear of every step, checkpoint,
     recovery and re-plan in this thread, and ``hooks.should_stop`` is asked between
     steps. Raises :class:`WorkerError` naming the device on OOM, crash or a lost
-    actor, within bounded time. ``dtype="float64"`` trains in double precision, for
-    runs that check exactness against a reference.
+    actor, within bounded time.
 
-    ``steps`` counts the job's steps from 0; with ``restore`` (a checkpoint of any
-    plan) it goes on at the step after the checkpoint's. ``config`` says what else
-    the job does (:class:`RunConfig`: checkpoints, validation, recovery from up to
-    ``max_failures`` failures, live re-planning, injected faults); a recovery goes on
-    from the last checkpoint on the plan ``replan(lost devices)`` returns (by
-    default the same plan: a crashed worker is replaced, a lost device is not).
+    With ``restore`` (a checkpoint of any plan) it goes on at the step after the
+    checkpoint's. ``config`` says what else the job does (:class:`RunConfig`:
+    checkpoints, validation, recovery from up to ``max_failures`` failures, live
+    re-planning, injected faults); a recovery goes on from the last checkpoint on the
+    plan ``replan(lost devices)`` returns (by default the same plan: a crashed worker
+    is replaced, a lost device is not).
     """
-    _check_run(cluster=cluster, model=model, plan=plan, steps=steps, dataset=dataset, config=config)
+    _check_run(job, plan, config)
     if not ray.is_initialized():
-        if not simulated:
+        if not job.simulated:
             raise WorkerError("ray: not connected; call connect_ray(address) first")
-        start_local_ray(cluster)
-    cache_dir = cache_dir or default_cache_dir()
-    pacing_of = simulated_pacing(cluster, model, cache_dir=cache_dir) if simulated else no_pacing
+        start_local_ray(job.cluster)
+    cache_dir = job.cache_dir or default_cache_dir()
+    pacing_of = (
+        simulated_pacing(job.cluster, job.model, cache_dir=cache_dir)
+        if job.simulated
+        else no_pacing
+    )
     run_spec = RunSpec(
-        preset=model,
-        seed=seed,
+        preset=job.model,
+        seed=job.seed,
         global_batch=plan.global_batch,
-        optimizer=optimizer,
-        dataset=dataset,
-        simulated=simulated,
-        dtype=dtype,
+        optimizer=job.optimizer,
+        dataset=job.dataset,
+        simulated=job.simulated,
+        dtype=job.dtype,
     )
 
     def ranks_of(plan: Plan) -> list[RankSpec]:
-        return make_ranks(plan, preset=model, pacing_of=pacing_of, cache_dir=cache_dir)
+        return make_ranks(plan, preset=job.model, pacing_of=pacing_of, cache_dir=cache_dir)
 
     own_pool = pool is None
-    pool = pool or WorkerPool(cluster, simulated=simulated)
+    pool = pool or WorkerPool(job.cluster, simulated=job.simulated)
     try:
-        job = Job(
+        return Job(
             pool,
             run_spec=run_spec,
             plan=plan,
-            steps=steps,
+            steps=job.steps,
             ranks_of=ranks_of,
             replan=replan or (lambda lost: plan),
             config=config,
             hooks=hooks or NoHooks(),
             restore=restore,
-        )
-        return job.train()
+        ).train()
     finally:
         if own_pool:
             pool.shutdown()
 
 
-def _check_run(
-    *,
-    cluster: Cluster,
-    model: ModelPreset,
-    plan: Plan,
-    steps: int,
-    dataset: Path | None,
-    config: RunConfig,
-) -> None:
+def _check_run(job: TrainJob, plan: Plan, config: RunConfig) -> None:
     """What fails the run anyway, said in one line before any worker starts."""
+    model = job.model
     check_trainable(model)
-    if steps < 0:
-        raise WorkerError(f"steps: must be >= 0, got {steps}")
     if config.validation is not None:  # a split too short for one sample
-        open_dataset(dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
+        open_dataset(job.dataset, seq_len=model.seq_len, vocab_size=model.vocab_size, split="val")
     for d in plan.devices:
-        cluster.device(d.id)
+        job.cluster.device(d.id)
 
 
 SHAPE_FIELDS = (
@@ -306,22 +293,15 @@ def start_from_hf(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunBuilder:
-    """The run of one strategy on a measured profile, as the service's jobs and
+    """The runs of one job and strategy on a measured profile, as the service's jobs and
     ``hetsched simulate`` both start theirs: its first plan, the plans a recovery
     makes on the devices still usable, and live re-planning when it follows speed."""
 
-    cluster: Cluster
-    """The whole cluster, not the profiled subset: simulated pacing is relative to its
-    fastest device, as it was when the profile was measured."""
-    model: ModelPreset
+    job: TrainJob
     profile: Profile
     """The devices the run may use, measured."""
     strategy: str
     global_batch: int
-    steps: int
-    seed: int
-    cache_dir: Path
-    simulated: bool = True
 
     def plan(self, device_ids: Sequence[str] | None = None) -> Plan:
         """The plan on ``device_ids`` of the profile (default: every one)."""
@@ -337,7 +317,9 @@ class RunBuilder:
         follow_speed: bool,
         faults: FaultSchedule | None = None,
     ) -> RunConfig:
-        live = LiveReplanning(profile=self.profile, strategy=self.strategy, total_steps=self.steps)
+        live = LiveReplanning(
+            profile=self.profile, strategy=self.strategy, total_steps=self.job.steps
+        )
         return RunConfig(
             checkpointing=checkpointing,
             validation=validation,
@@ -348,14 +330,12 @@ class RunBuilder:
 
     def train(
         self,
-        *,
         plan: Plan,
+        *,
         pool: WorkerPool,
         config: RunConfig,
         hooks: RunHooks,
         restore: CheckpointInfo | None = None,
-        dataset: Path | None = None,
-        optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
     ) -> TrainResult:
         """Train ``plan``; a recovery re-plans on the devices not lost that ``hooks.claim``
         grants, and tells ``hooks.on_plan``."""
@@ -372,18 +352,5 @@ class RunBuilder:
             return new_plan
 
         return train(
-            cluster=self.cluster,
-            model=self.model,
-            plan=plan,
-            steps=self.steps,
-            seed=self.seed,
-            dataset=dataset,
-            optimizer=optimizer,
-            simulated=self.simulated,
-            cache_dir=self.cache_dir,
-            pool=pool,
-            config=config,
-            hooks=hooks,
-            restore=restore,
-            replan=replan,
+            self.job, plan, pool=pool, config=config, hooks=hooks, restore=restore, replan=replan
         )

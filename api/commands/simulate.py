@@ -54,7 +54,7 @@ from scheduler.planning.planner import STRATEGIES
 from scheduler.units import format_bytes
 
 if TYPE_CHECKING:  # the workers (torch, Ray) load when a simulation starts
-    from workers.session import CheckpointInfo, RunBuilder, Validation, WorkerPool
+    from workers.session import CheckpointInfo, RunBuilder, TrainJob, Validation, WorkerPool
 
 DEFAULT_STRATEGIES = "auto,even"
 BAR_WIDTH = 24
@@ -200,14 +200,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def simulate(
+    job: TrainJob,
     *,
-    cluster: Cluster,
-    preset: ModelPreset,
     global_batch: int,
-    steps: int,
-    seed: int,
     strategies: list[str],
-    cache_dir: Path | None,
     refresh: bool,
     progress: Progress,
     replan: bool = True,
@@ -216,7 +212,7 @@ def simulate(
     init_from: Path | None = None,
     precision: str = "fp32",
 ) -> dict[str, Any]:
-    """Profile, plan and train each strategy; the JSON document of the command.
+    """Profile, plan and train ``job`` with each strategy; the JSON document of the command.
 
     The cluster's ``simulation.faults`` are injected into every run; each run
     checkpoints into a temporary directory, so it survives crashes and lost
@@ -226,31 +222,23 @@ def simulate(
     """
     from workers.session import RunBuilder, default_cache_dir, default_validation
 
-    cache_dir = cache_dir or default_cache_dir()
+    cache_dir = job.cache_dir or default_cache_dir()
+    job = replace(job, cache_dir=cache_dir)  # the profile's and every run's
+    cluster, steps = job.cluster, job.steps
     validation = default_validation(steps, every=val_every, batches=val_batches)
     with (
         _warm_pool(cluster, progress) as pool,
         tempfile.TemporaryDirectory(prefix="hetsched-init-") as start_dir,
     ):
-        restore = _hf_start(init_from, preset, start_dir)
+        restore = _hf_start(init_from, job.model, start_dir)
         profile = _profile(
-            cluster,
-            preset,
-            strategies,
-            cache_dir=cache_dir,
-            refresh=refresh,
-            pool=pool,
-            progress=progress,
+            job, strategies, cache_dir=cache_dir, refresh=refresh, pool=pool, progress=progress
         )
         first = RunBuilder(
-            cluster=cluster,
-            model=preset,
+            job=job,
             profile=profile.at_precision(precision),
             strategy=strategies[0],
             global_batch=global_batch,
-            steps=steps,
-            seed=seed,
-            cache_dir=cache_dir,
         )
         runs = [
             _train(
@@ -263,15 +251,15 @@ def simulate(
             )
             for strategy in strategies
         ]
-        pace = _pace_check(cluster, preset, profile, runs, cache_dir)
+        pace = _pace_check(job, profile, runs, cache_dir)
         for r in runs:
             r["trusted"] = not pace.untrusted(r["strategy"])
         return {
             "cluster": cluster.name,
-            "model": preset.name,
+            "model": job.model.name,
             "global_batch": global_batch,
             "steps": steps,
-            "seed": seed,
+            "seed": job.seed,
             "precision": precision,
             "profile": profile.to_dict(),
             "ideal_samples_per_s": ideal_samples_per_s(profile),
@@ -282,11 +270,7 @@ def simulate(
 
 
 def _pace_check(
-    cluster: Cluster,
-    preset: ModelPreset,
-    profile: Profile,
-    runs: list[dict[str, Any]],
-    cache_dir: Path,
+    job: TrainJob, profile: Profile, runs: list[dict[str, Any]], cache_dir: Path
 ) -> Any:
     """Whether the devices kept their pace: in the profile, and in each data-parallel run
     that kept its first plan (its devices' busy time against the plan's)."""
@@ -301,7 +285,7 @@ def _pace_check(
             (d["id"], d["busy_s"], planned[d["id"]]) for d in r["devices"] if d["id"] in planned
         ]
         judged.append((r["strategy"], busy))
-    return simulation_pace(cluster, preset, profile, runs=judged, cache_dir=cache_dir)
+    return simulation_pace(job.cluster, job.model, profile, runs=judged, cache_dir=cache_dir)
 
 
 @contextmanager
@@ -331,8 +315,7 @@ def _hf_start(init_from: Path | None, preset: ModelPreset, uri: str) -> Checkpoi
 
 
 def _profile(
-    cluster: Cluster,
-    preset: ModelPreset,
+    job: TrainJob,
     strategies: list[str],
     *,
     cache_dir: Path,
@@ -347,8 +330,8 @@ def _profile(
     # Per-layer figures only matter to the pipeline planners; skip them otherwise.
     wants_layers = any(s not in DP_STRATEGIES for s in strategies)
     profile = profile_cluster(
-        cluster,
-        preset,
+        job.cluster,
+        job.model,
         cache_dir=cache_dir,
         refresh=refresh,
         layers="auto" if wants_layers else None,
@@ -379,7 +362,7 @@ def _train(
     """One strategy's run, checkpointing into a temporary directory; its entry of ``runs``."""
     from workers.session import Checkpointing, Recorder
 
-    strategy, steps = builder.strategy, builder.steps
+    strategy, steps = builder.strategy, builder.job.steps
     plan = builder.plan()
     hooks = Recorder(
         watch=lambda m: progress.step(
@@ -387,7 +370,7 @@ def _train(
         )
     )
     progress.step(strategy, 0, steps, "starting actors")
-    faults = builder.cluster.simulation.faults
+    faults = builder.job.cluster.simulation.faults
     with tempfile.TemporaryDirectory(prefix="hetsched-simulate-") as checkpoints:
         config = builder.config(
             checkpointing=Checkpointing(root=checkpoints, every_steps=CHECKPOINT_EVERY),
@@ -396,14 +379,7 @@ def _train(
             follow_speed=follow_speed,
             faults=FaultSchedule(faults),
         )
-        result = builder.train(
-            plan=plan,
-            pool=pool,
-            config=config,
-            hooks=hooks,
-            restore=restore,
-            optimizer=OptimizerSpec().runtime(),  # a job's defaults: the same curve as the service
-        )
+        result = builder.train(plan, pool=pool, config=config, hooks=hooks, restore=restore)
     after_first = result.step_times_s[1:] or result.step_times_s
     measured = statistics.median(after_first)
     return {
@@ -435,14 +411,20 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress()
     # Keep stdout for the result alone: anything a library prints goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
-        doc = simulate(
+        from workers.session import TrainJob  # torch and Ray load here
+
+        job = TrainJob(
             cluster=cluster,
-            preset=preset,
-            global_batch=args.global_batch,
+            model=preset,
             steps=args.steps,
             seed=args.seed,
-            strategies=strategies,
+            optimizer=OptimizerSpec().runtime(),  # a job's defaults: the service's curve
             cache_dir=args.cache_dir,
+        )
+        doc = simulate(
+            job,
+            global_batch=args.global_batch,
+            strategies=strategies,
             refresh=args.refresh,
             progress=progress,
             replan=not args.no_replan,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the workers (torch, Ray) load when the first job runs
         RunBuilder,
         RunConfig,
         StepMetrics,
+        TrainJob,
         TrainResult,
     )
 
@@ -87,21 +88,16 @@ class JobRunner:
         from workers.session import CheckpointStore, RunBuilder
 
         spec = job.spec
-        model = model_from_ref(spec.model, data_dir=self.settings.data_dir)
+        train_job = self._train_job(job)
+        model = train_job.model
         self.store.log(job.id, "INFO", f"profiling {model.name} on {len(live.devices)} devices")
         # What the job may use; its plan may hand some back, and a recovery take them again.
         profile = self.profiler.measure(model, list(live.devices))
-        assert self.handle.cluster is not None
         builder = RunBuilder(
-            cluster=self.handle.cluster,
-            model=model,
+            job=train_job,
             profile=profile.at_precision(spec.precision),
             strategy=spec.strategy,
             global_batch=spec.global_batch,
-            steps=spec.steps,
-            seed=spec.seed,
-            cache_dir=self.profiler.cache_dir,
-            simulated=self.handle.simulated,
         )
         plan = builder.plan()
         self.record_plan(job, live, plan)
@@ -112,6 +108,21 @@ class JobRunner:
             restore = checkpoints.latest()
         else:
             restore = self._restore(job, builder, checkpoints, resume=resume)
+        return builder.train(
+            plan,
+            pool=self.handle.pool,
+            config=self._config(job, builder, checkpoints.root),
+            hooks=JobHooks(runner=self, job=job, live=live),
+            restore=restore,
+        )
+
+    def _train_job(self, job: JobRecord) -> TrainJob:
+        """What ``job`` trains, on the service's cluster, its dataset checked again (the
+        file may have changed since the job was submitted) before any device is profiled."""
+        from workers.session import TrainJob
+
+        spec = job.spec
+        model = model_from_ref(spec.model, data_dir=self.settings.data_dir)
         dataset = resolve_dataset(
             self.settings.data_dir,
             spec.dataset,
@@ -119,14 +130,16 @@ class JobRunner:
             vocab_size=model.vocab_size,
             global_batch=spec.global_batch,
         )
-        return builder.train(
-            plan=plan,
-            pool=self.handle.pool,
-            config=self._config(job, builder, checkpoints.root),
-            hooks=JobHooks(runner=self, job=job, live=live),
-            restore=restore,
+        assert self.handle.cluster is not None
+        return TrainJob(
+            cluster=self.handle.cluster,
+            model=model,
+            steps=spec.steps,
+            seed=spec.seed,
             dataset=dataset,
-            optimizer=job.spec.optimizer.runtime(),
+            optimizer=spec.optimizer.runtime(),
+            simulated=self.handle.simulated,
+            cache_dir=self.profiler.cache_dir,
         )
 
     def record_plan(self, job: JobRecord, live: LiveJob, plan: Plan) -> None:
@@ -212,7 +225,7 @@ class JobRunner:
             )
         info = start_from_hf(
             directory,
-            model=builder.model,
+            model=builder.job.model,
             ref=f"hf:{name}",
             uri=f"{self.settings.job_checkpoints(job.id)}/init-hf",
             manifest={"job": job.id, "init_from": f"hf:{name}"},

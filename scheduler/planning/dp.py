@@ -295,10 +295,28 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
     f, p = group.kind_fixed_s, group.kind_per_sample_s
     m = np.minimum(group.kind_max_micro, global_batch)
     size = np.bincount(group.kind_of, minlength=m.shape[1])
-    present = size > 0
+    base = _caps(_bracket_low(f, p, m, size, global_batch), f, p, m, global_batch)
+    missing = global_batch - int((base * size).sum())
+    kinds = group.kind_of
+    if missing <= 0:
+        out: IntArray = base[kinds]
+        return out
+    counts, promoted = _hand_out(base.tolist(), missing, m, f, p, kinds=kinds, size=size)
+    result: IntArray = np.array(counts, dtype=np.int64)[kinds] + (
+        _rank_in_kind(kinds, size) < np.array(promoted, dtype=np.int64)[kinds]
+    )
+    return result
+
+
+def _bracket_low(
+    f: FloatArray, p: FloatArray, m: IntArray, size: IntArray, global_batch: int
+) -> float:
+    """The low end ``lo`` of the bisection's final bracket ``(lo, hi]``: ``Σ cap(lo) < B``
+    (or ``lo = 0``), ``Σ cap(hi) ≥ B``, and no float strictly between them; ``hi`` starts
+    at the fastest kind's busy time for the whole batch, where ``Σ cap ≥ B`` holds."""
     whole = np.full(m.shape[1], global_batch, dtype=np.int64)
     lo = 0.0
-    hi = float(_busy_by_mode(m, f, p, whole).min(axis=0)[present].min())
+    hi = float(_busy_by_mode(m, f, p, whole).min(axis=0)[size > 0].min())
     for _ in range(200):
         mid = (lo + hi) / 2
         if mid <= lo or mid >= hi:
@@ -307,17 +325,27 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
             hi = mid
         else:
             lo = mid
-    base = _caps(lo, f, p, m, global_batch)
-    missing = global_batch - int((base * size).sum())
-    rank = _rank_in_kind(group.kind_of, size)
-    if missing <= 0:
-        out: IntArray = base[group.kind_of]
-        return out
-    # Hand out the missing samples cheapest-first (exact busy-time order, best mode).
-    counts: list[int] = base.tolist()
+    return lo
+
+
+def _hand_out(
+    counts: list[int],
+    missing: int,
+    m: IntArray,
+    f: FloatArray,
+    p: FloatArray,
+    *,
+    kinds: IntArray,
+    size: IntArray,
+) -> tuple[list[int], list[int]]:
+    """``missing`` more samples on top of ``counts`` per kind, cheapest next sample first
+    (exact busy time, best mode): per kind, the count every device has (``counts``,
+    updated) and how many of its devices, lowest index first, hold one more
+    (``promoted``). The order is a heap over every device's next sample, ties by device
+    index; a kind's devices at its lower count all cost the same, so they move in runs."""
     promoted = [0] * len(counts)
     # the devices of kind k, in device order: by_kind[starts[k] : starts[k] + size[k]]
-    by_kind: list[int] = np.argsort(group.kind_of, kind="stable").tolist()
+    by_kind: list[int] = np.argsort(kinds, kind="stable").tolist()
     starts: list[int] = (np.cumsum(size) - size).tolist()
     sizes: list[int] = size.tolist()
     micro, fixed, per_sample = m.tolist(), f.tolist(), p.tolist()
@@ -348,11 +376,7 @@ def _optimal(group: _Group, global_batch: int) -> IntArray:
             counts[k] += 1
             promoted[k] = 0
         heapq.heappush(heap, (busy(k, counts[k] + 1), by_kind[starts[k] + promoted[k]], k))
-    kinds = group.kind_of
-    result: IntArray = np.array(counts, dtype=np.int64)[kinds] + (
-        rank < np.array(promoted, dtype=np.int64)[kinds]
-    )
-    return result
+    return counts, promoted
 
 
 def _rank_in_kind(kind_of: IntArray, size: IntArray) -> IntArray:

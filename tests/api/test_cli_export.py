@@ -141,7 +141,7 @@ def test_a_jobs_checkpoints_export_by_id_and_by_directory(
 ) -> None:
     """A short job writes durable checkpoints; its id, id@step and directory all export
     to what transformers loads with hetsched's logits."""
-    from workers.session import CheckpointInfo, Checkpointing, RunConfig, RunHooks, train
+    from workers.session import CheckpointInfo, Checkpointing, RunConfig, RunHooks, TrainJob, train
 
     class Listed(RunHooks):  # the service's record of the checkpoints
         def on_checkpoint(self, info: CheckpointInfo, kept_steps: tuple[int, ...]) -> None:
@@ -154,11 +154,8 @@ def test_a_jobs_checkpoints_export_by_id_and_by_directory(
     )
     root = settings.job_checkpoints(job.id)
     result = train(
-        cluster=make_cluster(["A100-80GB"]),
-        model=LLAMA,
-        plan=manual_plan([("a/0", 4, 4)]),
-        steps=2,
-        seed=3,
+        TrainJob(cluster=make_cluster(["A100-80GB"]), model=LLAMA, steps=2, seed=3),
+        manual_plan([("a/0", 4, 4)]),
         config=RunConfig(keep_state=True, checkpointing=Checkpointing(root=root, every_steps=1)),
         hooks=Listed(),
     )

@@ -14,7 +14,7 @@ from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.planning.plan import Plan
 from tests.benchmarks.simrun import CLUSTER
 from tests.support import TINY
-from workers.session import WorkerPool, start_local_ray, train
+from workers.session import TrainJob, WorkerPool, start_local_ray, train
 
 PLAN_STEPS = 6
 """Steps :func:`median_step_s` trains each plan (the first pays for warm-up)."""
@@ -67,9 +67,8 @@ def paced_ray(request: pytest.FixtureRequest) -> Iterator[None]:
 def median_step_s(cluster: Cluster, plan: Plan, cache_dir: Path) -> float:
     """``plan`` trained on gpt-tiny for :data:`PLAN_STEPS` steps: its median step time,
     the first step (warm-up) left out."""
-    result = train(
-        cluster=cluster, model=TINY, plan=plan, steps=PLAN_STEPS, seed=0, cache_dir=cache_dir
-    )
+    job = TrainJob(cluster=cluster, model=TINY, steps=PLAN_STEPS, seed=0, cache_dir=cache_dir)
+    result = train(job, plan)
     return statistics.median(result.step_times_s[1:])
 
 

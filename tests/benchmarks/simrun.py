@@ -18,7 +18,14 @@ from scheduler.hardware.cluster import load_cluster
 from scheduler.hardware.faults import FaultSchedule, parse_fault
 from scheduler.models.presets import get_preset
 from scheduler.planning.plan import Plan
-from workers.session import Checkpointing, Recorder, RunBuilder, TrainResult, WorkerPool
+from workers.session import (
+    Checkpointing,
+    Recorder,
+    RunBuilder,
+    TrainJob,
+    TrainResult,
+    WorkerPool,
+)
 
 CLUSTER = load_cluster(Path(__file__).resolve().parents[2] / "deploy/clusters/local-sim.yaml")
 MODEL = get_preset("gpt-tiny")
@@ -39,14 +46,10 @@ def durable_run(
     re-plans on the devices left); returns the result, the re-plans that switched, the
     recoveries and the run's wall time in seconds."""
     builder = RunBuilder(
-        cluster=CLUSTER,
-        model=MODEL,
+        job=TrainJob(cluster=CLUSTER, model=MODEL, steps=steps, seed=0, cache_dir=cache_dir),
         profile=profile,
         strategy=plan.strategy,
         global_batch=plan.global_batch,
-        steps=steps,
-        seed=0,
-        cache_dir=cache_dir,
     )
     hooks = Recorder()
     with tempfile.TemporaryDirectory(prefix="hetsched-bench-") as root:
@@ -60,7 +63,7 @@ def durable_run(
             faults=FaultSchedule([parse_fault(f) for f in faults]),
         )
         begin = time.perf_counter()
-        result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks)
+        result = builder.train(plan, pool=pool, config=config, hooks=hooks)
         wall_s = time.perf_counter() - begin
     assert result.steps_done == steps
     switches = [d for d in hooks.replans if d.switch]

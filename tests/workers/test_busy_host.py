@@ -208,12 +208,12 @@ def pinned(pid: int, core: int) -> Iterator[None]:
 
 def _job(cache_dir, pool, steps: int, watch=None):
     """gpt-tiny on the A100 and the L4 of the module's pool, every hook recorded."""
-    from workers.session import Recorder, train
+    from workers.session import Recorder, TrainJob, train
 
     hooks = Recorder(watch)
     plan = manual_plan([("a/0", 4, 4), ("a/2", 2, 2)])
-    train(cluster=MIXED_CLUSTER, model=TINY, plan=plan, steps=steps, seed=0,
-          cache_dir=cache_dir, pool=pool, hooks=hooks)  # fmt: skip
+    job = TrainJob(cluster=MIXED_CLUSTER, model=TINY, steps=steps, seed=0, cache_dir=cache_dir)
+    train(job, plan, pool=pool, hooks=hooks)
     return hooks
 
 

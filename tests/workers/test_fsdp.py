@@ -22,6 +22,7 @@ from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
+    TrainJob,
     Validation,
     train,
 )
@@ -36,17 +37,10 @@ FSDP = manual_plan([("a/0", 8, 3, 0.5), ("a/1", 0, 0, 0.35), ("a/2", 4, 4, 0.15)
 
 
 def _train(plan, cache_dir, pool, *, steps: int, cluster=MIXED_CLUSTER, **options):
-    return train(
-        cluster=cluster,
-        model=TINY,
-        plan=plan,
-        steps=steps,
-        seed=SEED,
-        optimizer=OPT,
-        cache_dir=cache_dir,
-        pool=pool,
-        **options,
+    job = TrainJob(
+        cluster=cluster, model=TINY, steps=steps, seed=SEED, optimizer=OPT, cache_dir=cache_dir
     )
+    return train(job, plan, pool=pool, **options)
 
 
 def test_fsdp_trains_like_dp_with_uneven_shards_and_batches(cache_dir, mixed_pool) -> None:

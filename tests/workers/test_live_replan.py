@@ -18,7 +18,7 @@ import pytest
 
 from scheduler.hardware.faults import FaultSchedule, parse_fault
 from tests.support import TINY, make_cluster
-from workers.session import Recorder, RunBuilder, WorkerPool, profile_cluster
+from workers.session import Recorder, RunBuilder, TrainJob, WorkerPool, profile_cluster
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -47,14 +47,10 @@ def pool():
 def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: bool = True):
     profile = profile_cluster(cluster, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     builder = RunBuilder(
-        cluster=cluster,
-        model=TINY,
+        job=TrainJob(cluster=cluster, model=TINY, steps=steps, seed=3, cache_dir=cache_dir),
         profile=profile,
         strategy="dp",
         global_batch=BATCH,
-        steps=steps,
-        seed=3,
-        cache_dir=cache_dir,
     )
     plan = builder.plan()
     config = builder.config(
@@ -65,7 +61,7 @@ def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: boo
         faults=FaultSchedule([parse_fault(f) for f in faults]),
     )
     hooks = Recorder()
-    result = builder.train(plan=plan, pool=pool, config=config, hooks=hooks)
+    result = builder.train(plan, pool=pool, config=config, hooks=hooks)
     return plan, result, hooks.replans
 
 

@@ -37,6 +37,7 @@ from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
+    TrainJob,
     WorkerPool,
     train,
 )
@@ -119,10 +120,10 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
     ray_nodes, pool, cache_dir, tmp_path
 ) -> None:
     cluster, nodes = ray_nodes
-    common = dict(
-        cluster=CLUSTER, model=TINY, plan=DP, steps=STEPS, seed=SEED, optimizer=OPT, pool=pool
+    job = TrainJob(
+        cluster=CLUSTER, model=TINY, steps=STEPS, seed=SEED, optimizer=OPT, cache_dir=cache_dir
     )
-    reference = train(cache_dir=cache_dir, **common).losses
+    reference = train(job, DP, pool=pool).losses
     shared = tmp_path / "shared-volume"
 
     def remove_node_b(metrics) -> None:
@@ -133,14 +134,15 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
 
     hooks = Recorder(watch=remove_node_b)
     result = train(
-        cache_dir=cache_dir,
+        job,
+        DP,
+        pool=pool,
         config=RunConfig(
             checkpointing=Checkpointing(root=str(shared), every_steps=2, keep_last=2),
             max_failures=1,
         ),
         hooks=hooks,
         replan=_replan,
-        **common,
     )
     (recovery,) = hooks.recoveries
     assert recovery.lost == ("node-b/0",) and "node-b/0" in recovery.error

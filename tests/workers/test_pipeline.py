@@ -8,7 +8,7 @@ from scheduler.planning.plan import DevicePlan, Plan
 from tests.reference import single_device_losses as reference_losses
 from tests.support import TINY, make_cluster, pipeline_stage, plan_of
 from workers.runtime.stages import ordered_stages, sync_groups
-from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
+from workers.session import OptimizerConfig, TrainJob, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -60,16 +60,15 @@ def pool():
 
 def _train(plan: Plan, cache_dir, pool, *, optimizer: OptimizerConfig = OPT):
     """``plan`` for STEPS steps on the module's cluster and pool, from SEED."""
-    return train(
+    job = TrainJob(
         cluster=CLUSTER,
         model=TINY,
-        plan=plan,
         steps=STEPS,
         seed=SEED,
         optimizer=optimizer,
         cache_dir=cache_dir,
-        pool=pool,
     )
+    return train(job, plan, pool=pool)
 
 
 @pytest.mark.parametrize("plan", [PP, HYBRID], ids=["pp", "hybrid"])
@@ -111,10 +110,9 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
             pipeline_stage("a/1", samples=12, num_micro_batches=2, layers=(2, 4), stage=1),
         ],
     )
+    job = TrainJob(cluster=CLUSTER, model=TINY, steps=1, seed=0, cache_dir=cache_dir)
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
-        train(
-            cluster=CLUSTER, model=TINY, plan=gap, steps=1, seed=0, cache_dir=cache_dir, pool=pool
-        )
+        train(job, gap, pool=pool)
 
 
 def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
@@ -131,9 +129,8 @@ def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
     assert [e.id for e in dp.excluded] == ["a/1"]
     pp = make_plan(profile, 8, "pp")
     assert {d.id for d in pp.active} == {"a/0", "a/1"}
-    result = train(
-        cluster=cluster, model=TINY, plan=pp, steps=2, seed=1, optimizer=OPT, cache_dir=cache_dir
-    )
+    job = TrainJob(cluster=cluster, model=TINY, steps=2, seed=1, optimizer=OPT, cache_dir=cache_dir)
+    result = train(job, pp)
     assert result.steps_done == 2 and result.losses[1] < result.losses[0]
     for d in result.devices:
         assert d.peak_bytes <= profile.device(d.id).capacity_bytes
@@ -149,4 +146,4 @@ def test_stage_out_of_memory_names_the_device(cache_dir):
         ],
     )
     with pytest.raises(WorkerError, match=r"a/1: out of memory: micro-batch \d+ needs"):
-        train(cluster=cluster, model=TINY, plan=crowded, steps=1, seed=0, cache_dir=cache_dir)
+        train(TrainJob(cluster=cluster, model=TINY, steps=1, seed=0, cache_dir=cache_dir), crowded)

@@ -19,6 +19,7 @@ from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
+    TrainJob,
     WorkerError,
     train,
 )
@@ -65,18 +66,18 @@ def pool(mixed_pool):
 @pytest.fixture(scope="module")
 def reference(pool, cache_dir):
     """The uninterrupted loss curve."""
-    result = train(
-        plan=DP,
-        steps=STEPS,
-        **_run_on(pool, cache_dir),
-    )
-    return result.losses
+    return train(_job(cache_dir), DP, pool=pool).losses
 
 
-def _run_on(pool, cache_dir) -> dict:
-    """What every run of this module shares: the cluster, model, seed and optimizer."""
-    return dict(
-        cluster=MIXED_CLUSTER, model=TINY, seed=SEED, optimizer=OPT, cache_dir=cache_dir, pool=pool
+def _job(cache_dir, steps: int = STEPS) -> TrainJob:
+    """What every run of this module trains: the cluster, model, seed and optimizer."""
+    return TrainJob(
+        cluster=MIXED_CLUSTER,
+        model=TINY,
+        steps=steps,
+        seed=SEED,
+        optimizer=OPT,
+        cache_dir=cache_dir,
     )
 
 
@@ -100,9 +101,9 @@ def _train_dp_losing_the_t4(pool, cache_dir, tmp_path, name: str, *, hooks: Reco
     """The dp run, checkpointing and allowed one failure; a/1 is back in the pool after."""
     try:
         return train(
-            plan=DP,
-            steps=STEPS,
-            **_run_on(pool, cache_dir),
+            _job(cache_dir),
+            DP,
+            pool=pool,
             config=_durable(tmp_path, name, max_failures=1),
             hooks=hooks,
             replan=replan,
@@ -116,18 +117,17 @@ def test_a_checkpoint_moves_between_dp_pp_and_hybrid_and_training_goes_on_unchan
 ) -> None:
     """dp writes at step 2, pp restores it and writes at step 5, hybrid restores that and
     finishes: the loss curve is the uninterrupted dp run's."""
-    common = _run_on(pool, cache_dir)
     store = CheckpointStore(str(tmp_path / "moves"))
-    first = train(plan=DP, steps=3, config=_durable(tmp_path, "moves", 3), **common)
+    first = train(_job(cache_dir, 3), DP, pool=pool, config=_durable(tmp_path, "moves", 3))
     second = train(
-        plan=pp_plan("pp"),
-        steps=6,
+        _job(cache_dir, 6),
+        pp_plan("pp"),
+        pool=pool,
         restore=store.latest(),
         config=_durable(tmp_path, "moves", 3),
-        **common,
     )
     assert store.latest().step == 5 and store.latest().manifest["plan"]["strategy"] == "pp"
-    third = train(plan=pp_plan("hybrid"), steps=STEPS, restore=store.latest(), **common)
+    third = train(_job(cache_dir), pp_plan("hybrid"), pool=pool, restore=store.latest())
     losses = first.losses + second.losses + third.losses
     assert len(losses) == STEPS
     assert losses == pytest.approx(reference, rel=1e-4)
@@ -143,9 +143,9 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_finishes_unchanged(
 
     hooks = Recorder(watch=kill_once)
     result = train(
-        plan=DP,
-        steps=STEPS,
-        **_run_on(pool, cache_dir),
+        _job(cache_dir),
+        DP,
+        pool=pool,
         config=_durable(tmp_path, "kill", max_failures=2),
         hooks=hooks,
     )
@@ -207,9 +207,9 @@ def test_more_failures_than_allowed_fail_the_job_naming_them(pool, cache_dir, tm
 
     with pytest.raises(WorkerError, match=r"^2 failures, more than max_failures 1: step 1: a/2"):
         train(
-            plan=DP,
-            steps=STEPS,
-            **_run_on(pool, cache_dir),
+            _job(cache_dir),
+            DP,
+            pool=pool,
             config=_durable(tmp_path, "many", max_failures=1),
             hooks=Recorder(watch=kill_every_time),
         )

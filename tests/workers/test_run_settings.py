@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.errors import HetschedError
+from tests.support import MIXED_CLUSTER, TINY
 from workers.errors import RecurringFailure, WorkerError
-from workers.run.config import Checkpointing, RunConfig
+from workers.run.config import Checkpointing, RunConfig, TrainJob
 from workers.run.failures import FailureAction, FailurePolicy
 
 
@@ -23,6 +24,12 @@ def test_a_run_config_names_the_field_it_rejects() -> None:
         Checkpointing(root="/tmp/x", keep_last=0)
     durable = RunConfig(checkpointing=Checkpointing(root="/tmp/x"), max_failures=2)
     assert durable.max_failures == 2 and RunConfig().checkpointing is None
+
+
+def test_a_train_job_refuses_a_negative_step_count_before_any_worker_starts() -> None:
+    with pytest.raises(WorkerError, match=r"^steps: must be >= 0, got -1$"):
+        TrainJob(cluster=MIXED_CLUSTER, model=TINY, steps=-1, seed=0)
+    assert TrainJob(cluster=MIXED_CLUSTER, model=TINY, steps=0, seed=0).steps == 0  # allowed
 
 
 def test_an_error_that_would_recur_is_raised_whatever_the_budget() -> None:

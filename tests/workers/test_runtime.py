@@ -5,48 +5,44 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
-from scheduler.planning.plan import Plan
 from tests.reference import single_device_training
 from tests.support import MIXED_CLUSTER, TINY, manual_plan
 from workers.models.gpt import GPT
-from workers.records import TrainResult
-from workers.session import OptimizerConfig, Recorder, RunConfig, WorkerError, WorkerPool, train
+from workers.session import (
+    OptimizerConfig,
+    Recorder,
+    RunConfig,
+    TrainJob,
+    WorkerError,
+    WorkerPool,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 OPT = OptimizerConfig(lr=3e-3)
 
 
-def _train(plan: Plan, cache_dir, pool, *, steps: int, seed: int, **options: Any) -> TrainResult:
-    """``plan`` trained on this module's cluster with gpt-tiny; ``options`` as ``train``'s."""
-    return train(
-        cluster=MIXED_CLUSTER,
-        model=TINY,
-        plan=plan,
-        steps=steps,
-        seed=seed,
-        cache_dir=cache_dir,
-        pool=pool,
-        **options,
+def _job(cache_dir, *, steps: int, seed: int, **fields: Any) -> TrainJob:
+    """gpt-tiny on this module's cluster; ``fields`` as :class:`TrainJob`'s."""
+    return TrainJob(
+        cluster=MIXED_CLUSTER, model=TINY, steps=steps, seed=seed, cache_dir=cache_dir, **fields
     )
 
 
 def test_uneven_three_device_split_matches_single_process_training(cache_dir, mixed_pool) -> None:
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
-    result = _train(
+    result = train(
+        _job(cache_dir, steps=4, seed=5, optimizer=OPT, dtype="float64"),
         plan,
-        cache_dir,
-        mixed_pool,
-        steps=4,
-        seed=5,
-        optimizer=OPT,
-        dtype="float64",
+        pool=mixed_pool,
         config=RunConfig(keep_state=True),
     )
     assert result.steps_done == 4 and result.state is not None
@@ -63,8 +59,9 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
 def test_dp_and_even_splits_give_the_same_loss_curve(cache_dir, mixed_pool) -> None:
     uneven = manual_plan([("a/0", 8, 8), ("a/1", 1, 1), ("a/2", 3, 2)], strategy="dp")
     even = manual_plan([("a/0", 4, 4), ("a/1", 4, 2), ("a/2", 4, 4)], strategy="even")
-    a = _train(uneven, cache_dir, mixed_pool, steps=3, seed=11)
-    b = _train(even, cache_dir, mixed_pool, steps=3, seed=11)
+    job = _job(cache_dir, steps=3, seed=11)
+    a = train(job, uneven, pool=mixed_pool)
+    b = train(job, even, pool=mixed_pool)
     assert a.losses == pytest.approx(b.losses, rel=1e-4, abs=1e-5)
     assert a.losses[0] > a.losses[-1]  # training happened, not a constant
     assert [d.id for d in a.devices] == ["a/0", "a/1", "a/2"]
@@ -80,7 +77,7 @@ def test_micro_batch_over_capacity_raises_oom_naming_the_device(cache_dir, mixed
         match=r"^a/1: out of memory: micro-batch 200 needs [\d.]+ MB, "
         r"capacity 171\.8 MB$",
     ):
-        _train(plan, cache_dir, mixed_pool, steps=2, seed=0)
+        train(_job(cache_dir, steps=2, seed=0), plan, pool=mixed_pool)
     assert time.monotonic() - start < 90
 
 
@@ -92,7 +89,8 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
     plan = manual_plan([("a/0", 4, 4), ("a/1", 2, 2), ("a/2", 2, 2)])
     pool = WorkerPool(MIXED_CLUSTER, simulated=True)
     try:
-        first = _train(plan, cache_dir, pool, steps=2, seed=0)
+        job = _job(cache_dir, steps=2, seed=0)
+        first = train(job, plan, pool=pool)
         pids = pool.pids()
         assert first.steps_done == 2 and set(pids) == {"a/0", "a/1", "a/2"}
 
@@ -102,10 +100,10 @@ def test_warm_workers_serve_runs_and_a_killed_one_fails_its_run_and_is_replaced(
 
         start = time.monotonic()
         with pytest.raises(WorkerError, match=r"^a/1: worker process died"):
-            _train(plan, cache_dir, pool, steps=50, seed=0, hooks=Recorder(watch=kill_the_t4))
+            train(replace(job, steps=50), plan, pool=pool, hooks=Recorder(watch=kill_the_t4))
         assert time.monotonic() - start < 120
 
-        again = _train(plan, cache_dir, pool, steps=2, seed=0)
+        again = train(job, plan, pool=pool)
         assert again.losses == pytest.approx(first.losses, rel=1e-5)
         assert pool.pids()["a/1"] != pids["a/1"]
     finally:
@@ -122,13 +120,10 @@ def test_loss_really_falls_and_should_stop_ends_the_run_between_steps(
             return len(self.steps) >= 30
 
     hooks = StopAt30()
-    result = _train(
+    result = train(
+        _job(cache_dir, steps=1000, seed=1, optimizer=OptimizerConfig(lr=1e-2)),
         plan,
-        cache_dir,
-        mixed_pool,
-        steps=1000,
-        seed=1,
-        optimizer=OptimizerConfig(lr=1e-2),
+        pool=mixed_pool,
         hooks=hooks,
     )
     assert result.stopped and result.steps_done == 30 and len(result.losses) == 30

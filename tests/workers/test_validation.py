@@ -14,6 +14,7 @@ from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
+    TrainJob,
     Validation,
     WorkerError,
     WorkerPool,
@@ -94,18 +95,21 @@ def pool(local_ray) -> Iterator[WorkerPool]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_validation_loss_is_the_same_whatever_the_split(name: str, reference, pool, cache_dir):
     hooks = Recorder()
-    result = train(
+    job = TrainJob(
         cluster=CLUSTER,
         model=TINY,
-        plan=PLANS[name],
         steps=STEPS,
         seed=SEED,
         optimizer=OPT,
         cache_dir=cache_dir,
         dtype="float64",
+    )
+    result = train(
+        job,
+        PLANS[name],
+        pool=pool,
         config=RunConfig(validation=Validation(every_steps=EVERY, batches=VAL_BATCHES)),
         hooks=hooks,
-        pool=pool,
     )
     # due after every second step and after the last one; None on the others
     assert [m.val_loss is None for m in hooks.steps] == [True, False, False]
@@ -129,13 +133,10 @@ def test_a_held_out_split_too_short_is_one_line_before_training(tmp_path, pool, 
     text.write_bytes(b"x" * 400)  # 5 % held out: 20 tokens, a sample needs 65
     with pytest.raises(Exception, match=r"dataset: the val split of short.txt has 20 tokens"):
         train(
-            cluster=CLUSTER,
-            model=TINY,
-            plan=manual_plan([("a/0", 2, 2)]),
-            steps=1,
-            seed=0,
-            dataset=text,
-            cache_dir=cache_dir,
-            config=RunConfig(validation=Validation(every_steps=1)),
+            TrainJob(
+                cluster=CLUSTER, model=TINY, steps=1, seed=0, dataset=text, cache_dir=cache_dir
+            ),
+            manual_plan([("a/0", 2, 2)]),
             pool=pool,
+            config=RunConfig(validation=Validation(every_steps=1)),
         )

@@ -1,19 +1,55 @@
-"""What a run is told to do besides its plan: checkpoints, validation, failures, re-planning.
+"""What a job is told: what it trains (:class:`TrainJob`) and what it does besides its plan
+(:class:`RunConfig`: checkpoints, validation, failures, re-planning).
 
-One :class:`RunConfig` goes from the caller (the service's job runner, ``hetsched
-simulate``, a test) through :func:`workers.session.train` to the job and each of
-its runs; every setting is checked where it is made, in one line naming the field.
+One :class:`TrainJob` and one :class:`RunConfig` go from the caller (the service's job
+runner, ``hetsched simulate``, a test) through :func:`workers.session.train` to the job
+and each of its runs; every setting is checked where it is made, in one line naming the
+field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from scheduler.errors import HetschedError
+from scheduler.hardware.cluster import Cluster
 from scheduler.hardware.faults import FaultSchedule
+from scheduler.models.presets import ModelPreset
 from workers.errors import WorkerError
+from workers.records import OptimizerConfig
 from workers.run.replanning import LiveReplanning
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainJob:
+    """What one job trains, whatever its plan: the model on which cluster, for how many
+    steps from which seed, on which data, with which optimizer and precision. Its plans
+    and runs may change (recovery, re-planning, a move); this does not."""
+
+    cluster: Cluster
+    """The whole cluster, not the profiled subset: simulated pacing is relative to its
+    fastest device, as it was when the profile was measured."""
+    model: ModelPreset
+    steps: int
+    """The job's steps, counted from 0 (restored from a checkpoint, it goes on after the
+    checkpoint's step)."""
+    seed: int
+    dataset: Path | None = None
+    """A dataset file (:mod:`workers.data.dataset`), or None for the bundled corpus."""
+    optimizer: OptimizerConfig = OptimizerConfig()
+    simulated: bool = True
+    """Simulated devices, paced against the host (:mod:`workers.devices.pacing`)."""
+    cache_dir: Path | None = None
+    """Where the host calibration that paces simulated devices is cached; give the
+    profile's, so both pace alike (None: :func:`workers.devices.calibration.default_cache_dir`)."""
+    dtype: str = "float32"
+    """``float64`` for runs that check exactness against a reference."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise WorkerError(f"steps: must be >= 0, got {self.steps}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
