@@ -167,13 +167,18 @@ def _admission_order(
 def _minimum(
     view: _JobView, free: dict[DeviceClass, int], classes: ClusterClasses
 ) -> Config | None:
-    """The job's smallest configuration within ``free``: from what it holds, else one class."""
+    """The job's smallest configuration within ``free``: from what it holds, else one class.
+
+    What it holds counts only while ``free`` still has it: a job ahead of it that held
+    too few usable devices for its own minimum may have been given some of them.
+    """
     need = view.job.min_devices
     if view.held and len(view.held) >= need:
         counts: dict[DeviceClass, int] = {}
         for i in view.held[:need]:
             counts[classes.class_of[i]] = counts.get(classes.class_of[i], 0) + 1
-        return classes.config(counts)
+        if all(n <= free.get(c, 0) for c, n in counts.items()):
+            return classes.config(counts)
     usable = [c for c in view.singles if free.get(c, 0) > 0]
     single = [c for c in usable if free[c] >= need]
     if single:
