@@ -167,13 +167,18 @@ def _admission_order(
 def _minimum(
     view: _JobView, free: dict[DeviceClass, int], classes: ClusterClasses
 ) -> Config | None:
-    """The job's smallest configuration within ``free``: from what it holds, else one class."""
+    """The job's smallest configuration within ``free``: from what it holds, else one class.
+
+    What it holds counts only while ``free`` still has it: a job ahead of it that held
+    too few usable devices for its own minimum may have been given some of them.
+    """
     need = view.job.min_devices
     if view.held and len(view.held) >= need:
         counts: dict[DeviceClass, int] = {}
         for i in view.held[:need]:
             counts[classes.class_of[i]] = counts.get(classes.class_of[i], 0) + 1
-        return classes.config(counts)
+        if all(n <= free.get(c, 0) for c, n in counts.items()):
+            return classes.config(counts)
     usable = [c for c in view.singles if free.get(c, 0) > 0]
     single = [c for c in usable if free[c] >= need]
     if single:
@@ -188,6 +193,17 @@ def _minimum(
     return None
 
 
+@dataclass(kw_only=True, slots=True)
+class _Admission:
+    """Who runs for sure (each with its minimum), who may run or keep waiting, who waits."""
+
+    admitted: list[tuple[_JobView, Config]]
+    optional: list[_JobView]
+    """``goodput``'s waiting jobs that the program may start or leave waiting."""
+    waits: dict[str, str]
+    """Why each job that surely waits does."""
+
+
 def _decide_shared(
     cluster: Cluster,
     classes: ClusterClasses,
@@ -196,36 +212,8 @@ def _decide_shared(
     settings: PolicySettings,
     policy: PolicyName,
 ) -> Allocation:
-    free = {c: len(ids) for c, ids in classes.ids.items()}
-    admitted: list[tuple[_JobView, Config]] = []
-    optional: list[_JobView] = []
-    waits: dict[str, str] = {}
-    blocked_by: str | None = None
-    jct = policy == "goodput" and settings.objective == "jct"
-    for view in _admission_order(views, policy, settings):
-        job = view.job
-        if not view.singles:
-            waits[job.name] = "cannot run: its model fits no device it may use in this cluster"
-            continue
-        if jct and not view.held and job.waiting_s < settings.max_wait_s and not blocked_by:
-            # It may run or keep waiting: the program decides, shortest remaining first.
-            optional.append(view)
-            continue
-        minimum = None if blocked_by else _minimum(view, free, classes)
-        if minimum is None:
-            if blocked_by:
-                waits[job.name] = f"waits: {blocked_by} has waited longest and goes first"
-            else:
-                waits[job.name] = (
-                    f"waits: its minimum of {job.min_devices} device(s) does not fit beside "
-                    f"the {len(admitted)} job(s) ahead of it"
-                )
-            if job.waiting_s >= settings.max_wait_s and not blocked_by:
-                blocked_by = job.name
-            continue
-        for c, n in minimum.parts:
-            free[c] -= n
-        admitted.append((view, minimum))
+    admission = _admit(classes, views, settings, policy)
+    admitted, optional = admission.admitted, admission.optional
     memo: dict[tuple[object, ...], list[Config]] = {}
     options = [_options(classes, v, m, rate_fn, settings, policy, memo) for v, m in admitted]
     capacity = {c: len(ids) for c, ids in classes.ids.items()}
@@ -261,15 +249,54 @@ def _decide_shared(
             "heuristic: admission order, candidate configurations, placement"
         )
     _fill_idle(chosen, capacity, list(zip(optional, options[len(admitted) :], strict=True)))
+    waits = admission.waits
     for v in optional:
         if v.job.name not in chosen:
             waits[v.job.name] = (
                 "waits: jobs with less remaining time go first; it starts within "
                 f"{settings.max_wait_s / 3600:g} h of waiting at the latest"
             )
-    held = {v.job.name: v.held for v in everyone}
-    devices = place(cluster, chosen, held)
+    devices = place(cluster, chosen, {v.job.name: v.held for v in everyone})
     return _allocation(policy, classes, views, devices, waits, rate_fn, how)
+
+
+def _admit(
+    classes: ClusterClasses,
+    views: list[_JobView],
+    settings: PolicySettings,
+    policy: PolicyName,
+) -> _Admission:
+    """Walk the admission order: each job is admitted at its minimum while it fits,
+    left optional (``goodput``: the program decides), or kept waiting with a reason."""
+    free = {c: len(ids) for c, ids in classes.ids.items()}
+    out = _Admission(admitted=[], optional=[], waits={})
+    blocked_by: str | None = None
+    jct = policy == "goodput" and settings.objective == "jct"
+    for view in _admission_order(views, policy, settings):
+        job = view.job
+        if not view.singles:
+            out.waits[job.name] = "cannot run: its model fits no device it may use in this cluster"
+            continue
+        if jct and not view.held and job.waiting_s < settings.max_wait_s and not blocked_by:
+            # It may run or keep waiting: the program decides, shortest remaining first.
+            out.optional.append(view)
+            continue
+        minimum = None if blocked_by else _minimum(view, free, classes)
+        if minimum is None:
+            if blocked_by:
+                out.waits[job.name] = f"waits: {blocked_by} has waited longest and goes first"
+            else:
+                out.waits[job.name] = (
+                    f"waits: its minimum of {job.min_devices} device(s) does not fit beside "
+                    f"the {len(out.admitted)} job(s) ahead of it"
+                )
+            if job.waiting_s >= settings.max_wait_s and not blocked_by:
+                blocked_by = job.name
+            continue
+        for c, n in minimum.parts:
+            free[c] -= n
+        out.admitted.append((view, minimum))
+    return out
 
 
 def _options(

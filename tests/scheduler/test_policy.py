@@ -247,3 +247,19 @@ def test_the_objective_setting_is_checked() -> None:
         PolicyError, match="settings.objective: unknown 'makespan'; allowed: jct, throughput"
     ):
         PolicySettings(objective="makespan")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["fair", "goodput"])
+def test_a_job_short_of_usable_devices_does_not_double_book_anothers(policy: str) -> None:
+    # big holds a T4 its model does not fit and two A100s: its minimum of three A100s
+    # takes the third, which small holds; small must then run elsewhere, not on it too.
+    cluster = cluster_of([("T4-16GB", 1)], [("A100-40GB", 3)])
+    big = job("big", model="gpt2-xl", global_batch=1, min_devices=3, held=("n0/0", "n1/0", "n1/1"))
+    small = job("small", global_batch=1, held=("n1/2",), arrival_s=3)
+    allocation = decide(
+        cluster, [big, small, job("new", global_batch=1, arrival_s=4)], policy=policy
+    )
+    ids = [i for devices in allocation.devices.values() for i in devices]
+    assert len(ids) == len(set(ids))
+    assert len(allocation.devices["big"]) == 3
+    assert allocation.devices["small"] == ("n0/0",)
