@@ -52,10 +52,9 @@ def test_sync_groups_pair_the_holders_of_each_piece():
 
 
 @pytest.fixture(scope="module")
-def pool():
-    p = WorkerPool(CLUSTER, simulated=True)
-    yield p
-    p.shutdown()
+def pool(mixed_pool: WorkerPool) -> WorkerPool:
+    """The shared warm workers, ``mixed_pool``, which serve this module's clusters too."""
+    return mixed_pool
 
 
 def _train(plan: Plan, cache_dir, pool, *, optimizer: OptimizerConfig = OPT):
@@ -117,7 +116,7 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
         )
 
 
-def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
+def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir, pool):
     """The 40 GB device cannot hold gpt-tiny's states and activations under this memory
     scale: dp without recomputation leaves it idle; the pipeline planner gives it a stage
     and the run stays within its memory."""
@@ -125,21 +124,28 @@ def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
     from workers.session import profile_cluster
 
     cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
-    profile = profile_cluster(cluster, TINY, cache_dir=cache_dir)
+    profile = profile_cluster(cluster, TINY, cache_dir=cache_dir, pool=pool)
     assert all(d.layers is not None for d in profile.devices)
     dp = make_plan(profile.without_recompute(), 8, "dp")
     assert [e.id for e in dp.excluded] == ["a/1"]
     pp = make_plan(profile, 8, "pp")
     assert {d.id for d in pp.active} == {"a/0", "a/1"}
     result = train(
-        cluster=cluster, model=TINY, plan=pp, steps=2, seed=1, optimizer=OPT, cache_dir=cache_dir
+        cluster=cluster,
+        model=TINY,
+        plan=pp,
+        steps=2,
+        seed=1,
+        optimizer=OPT,
+        cache_dir=cache_dir,
+        pool=pool,
     )
     assert result.steps_done == 2 and result.losses[1] < result.losses[0]
     for d in result.devices:
         assert d.peak_bytes <= profile.device(d.id).capacity_bytes
 
 
-def test_stage_out_of_memory_names_the_device(cache_dir):
+def test_stage_out_of_memory_names_the_device(cache_dir, pool):
     cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
     crowded = plan_of(
         "pp",
@@ -149,4 +155,12 @@ def test_stage_out_of_memory_names_the_device(cache_dir):
         ],
     )
     with pytest.raises(WorkerError, match=r"a/1: out of memory: micro-batch \d+ needs"):
-        train(cluster=cluster, model=TINY, plan=crowded, steps=1, seed=0, cache_dir=cache_dir)
+        train(
+            cluster=cluster,
+            model=TINY,
+            plan=crowded,
+            steps=1,
+            seed=0,
+            cache_dir=cache_dir,
+            pool=pool,
+        )
