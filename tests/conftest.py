@@ -11,6 +11,24 @@ import pytest
 from tests.support import SHARED_RAY
 
 
+def _asks_for_local_ray(item: pytest.Item) -> bool:
+    return "local_ray" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Within each directory, the modules that ask for ``local_ray`` run last, one after
+    another, each in its own order: they then share one Ray and its warm pools
+    (:class:`tests.support.SharedRay`) instead of starting them again after every module
+    in between that stops it. Directories keep their order, as do modules within each group."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    directories = list(dict.fromkeys(path.parent for path in modules))
+    asks = {path: any(map(_asks_for_local_ray, its)) for path, its in modules.items()}
+    order = sorted(modules, key=lambda path: (directories.index(path.parent), asks[path]))
+    items[:] = [item for path in order for item in modules[path]]
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Profiles and host calibrations, shared by every test of the session: a device

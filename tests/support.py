@@ -37,6 +37,14 @@ JOB_TIMEOUT_S = 240.0
 SERVE_START_S = 180.0
 """A cold start (Ray, then the embedded cluster) on a 2-core machine shared with other work."""
 SERVE_EXIT_S = 60.0
+STEADY_MARGIN = "4"
+"""``HETSCHED_PACING_MARGIN`` of the tests' services on the bundled local-sim cluster: the
+level the live probe picks for its 4 simulated devices on 2 idle cores
+(:func:`workers.devices.contention.margin_for`), held as a steady host holds it. The margin
+is part of a profile's cache key, so a probe that catches another process starting or
+exiting picks the next level and measures the profile again; held, every service and app
+of a session reads the one profile the first measured. tests/workers/test_busy_host.py
+covers the live margin."""
 
 
 # --- clusters and plans -------------------------------------------------------------------
@@ -195,6 +203,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without the caller's ``HETSCHED_*`` settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETSCHED_")}
     return env | extra
+
+
+def steady_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    """:func:`clean_env` for a ``hetsched serve`` that shares the session's profile cache
+    and holds :data:`STEADY_MARGIN`."""
+    return clean_env(
+        HETSCHED_CACHE_DIR=str(cache_dir), HETSCHED_PACING_MARGIN=STEADY_MARGIN, **extra
+    )
 
 
 def serve_command(data_dir: Path, *args: str) -> list[str]:

@@ -32,7 +32,15 @@ from api.schemas.jobs import JobPublic
 from api.services import ClusterHandle, connect_cluster
 from hetsched import Client, Event
 from scheduler.hardware.cluster import load_cluster
-from tests.support import JOB_TIMEOUT_S, SHARED_RAY, Serve, clean_env, free_port, serving
+from tests.support import (
+    JOB_TIMEOUT_S,
+    SHARED_RAY,
+    STEADY_MARGIN,
+    Serve,
+    free_port,
+    serving,
+    steady_env,
+)
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -96,7 +104,7 @@ def warm_cluster(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> C
     """The cluster handle with its warm device workers, shared by the live apps of this
     module and the ones after it, as a service's one handle is shared by its jobs: each app
     would otherwise start four worker processes of its own. A device a test took out of
-    service is back for the next test (:func:`live`)."""
+    service is back for the next module, and for the next test (:func:`live`)."""
 
     def connect() -> ClusterHandle:
         handle = connect_cluster(make_settings(tmp_path_factory.mktemp("cluster")))
@@ -104,15 +112,29 @@ def warm_cluster(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> C
         handle.warm()
         return handle
 
-    return SHARED_RAY.keep("warm_cluster", connect, lambda handle: handle.close())
+    handle = SHARED_RAY.keep("warm_cluster", connect, lambda handle: handle.close())
+    handle.pool.mark_lost(handle.cluster.ids, lost=False)  # what a module before took out
+    return handle
+
+
+@pytest.fixture(scope="module")
+def steady_margin() -> Iterator[None]:
+    """:data:`~tests.support.STEADY_MARGIN` for the module's apps in this process, as the
+    services the tests start hold it: the session's profile cache is then read, not
+    measured again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HETSCHED_PACING_MARGIN", STEADY_MARGIN)
+        yield
 
 
 @pytest.fixture
-def live(warm_cluster: ClusterHandle, cache_dir: Path, tmp_path: Path) -> Callable[..., TestClient]:
+def live(
+    warm_cluster: ClusterHandle, cache_dir: Path, tmp_path: Path, steady_margin: None
+) -> Callable[..., TestClient]:
     """Build a client over an app whose executor runs on the module's local Ray and warm
-    workers, with the session's profile cache and the ``fifo`` policy unless ``policy=``
-    says otherwise; the caller enters it with ``with`` (and may build a second over the
-    same database)."""
+    workers, with the session's profile cache, :data:`~tests.support.STEADY_MARGIN` and
+    the ``fifo`` policy unless ``policy=`` says otherwise; the caller enters it with
+    ``with`` (and may build a second over the same database)."""
     warm_cluster.pool.mark_lost(warm_cluster.cluster.ids, lost=False)
 
     def build(**overrides: Any) -> TestClient:
@@ -164,12 +186,9 @@ SERVICE_TOKEN = "tok"
 @pytest.fixture(scope="session")
 def live_service(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Serve]:
     """One ``hetsched serve`` (its own process and local Ray, the fifo policy, token
-    :data:`SERVICE_TOKEN`) shared by the client's and the CLI's tests."""
-    env = clean_env(
-        HETSCHED_API_TOKEN=SERVICE_TOKEN,
-        HETSCHED_CACHE_DIR=str(cache_dir),
-        HETSCHED_POLICY="fifo",
-    )
+    :data:`SERVICE_TOKEN`, the session's profile cache and
+    :data:`~tests.support.STEADY_MARGIN`) shared by the client's and the CLI's tests."""
+    env = steady_env(cache_dir, HETSCHED_API_TOKEN=SERVICE_TOKEN, HETSCHED_POLICY="fifo")
     with serving(tmp_path_factory.mktemp("service"), env=env) as service:
         yield service
 

@@ -24,14 +24,10 @@ from scheduler.models.presets import get_preset
 from tests.support import JOBS, TERMINAL, wait_for
 
 
-def test_job_runs_to_success_with_metrics(
-    live: Callable[[], TestClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The margin the profile is cached under, held: a live probe between the job's profile
-    # and the second one below may read other processes' exit (a module's service ending)
-    # and pick another margin level, which is a new cache key (tests/workers/test_busy_host.py
-    # covers the live margin).
-    monkeypatch.setenv("HETSCHED_PACING_MARGIN", "4")
+def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> None:
+    # ``live`` holds the margin the profile is cached under (tests.support.STEADY_MARGIN):
+    # a live probe between the job's profile and the second one below may read other
+    # processes' exit and pick another margin level, which is a new cache key.
     with live() as client:
         spec = {
             "name": "life",

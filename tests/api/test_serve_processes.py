@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from api.core.local_ray import LocalRaySession, RayProcess
-from tests.support import JOBS, SERVE_EXIT_S, Serve, clean_env, wait_for
+from tests.support import JOBS, SERVE_EXIT_S, Serve, steady_env, wait_for
 
 STEPS = 12
 
@@ -60,9 +60,12 @@ def _assert_all_gone(processes: set[tuple[int, float]]) -> None:
 def _start(data_dir: Path, cache_dir: Path) -> tuple[Serve, set[tuple[int, float]]]:
     """``hetsched serve`` on the data directory, up, and the Ray processes it started.
 
-    With the session's profile cache and 2 CPUs, as test_job_lifecycle's apps run the same
-    embedded cluster: in a full run its profile is measured there once, not here twice."""
-    service = Serve(data_dir, "--num-cpus", "2", env=clean_env(HETSCHED_CACHE_DIR=str(cache_dir)))
+    With the session's profile cache, its steady margin and 2 CPUs, as the other tests'
+    services and apps run the same embedded cluster: the restarted service reads the
+    profile the first one (or, in a full run, a module before) measured, as a restarted
+    service does on a steady host, rather than measuring it again under the load of the
+    killed one's exit."""
+    service = Serve(data_dir, "--num-cpus", "2", env=steady_env(cache_dir))
     service.wait_up()
     ray_processes = _tree(service.process.pid)
     names = {psutil.Process(pid).name() for pid, _ in ray_processes}

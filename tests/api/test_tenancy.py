@@ -26,6 +26,7 @@ from api.cli import main
 from api.core.db import now
 from api.core.migrate import upgrade
 from api.execution.scheduling import apply_quotas
+from api.services import ClusterHandle
 from hetsched import AsyncClient, Client, Forbidden, NotFound
 from scheduler.policy.decide import decide
 from scheduler.policy.types import JobDemand
@@ -52,11 +53,16 @@ def cli(url: str, token: str, *argv: str) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def service(
-    local_ray: None, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    warm_cluster: ClusterHandle,
+    cache_dir: Path,
+    steady_margin: None,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, Path]]:
+    """The shared service, on the warm workers the modules before it left (``warm_cluster``)
+    and the session's profile cache."""
     data_dir = tmp_path_factory.mktemp("tenancy")
     settings = make_settings(data_dir, cache_dir=cache_dir, policy="fifo", api_token=ADMIN)
-    with uvicorn_thread(create_app(settings)) as url:
+    with uvicorn_thread(create_app(settings, cluster=warm_cluster)) as url:
         yield url, data_dir
 
 

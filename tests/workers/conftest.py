@@ -27,7 +27,9 @@ def local_ray() -> None:
 def mixed_pool(local_ray: None) -> Any:
     """Warm workers on :data:`tests.support.MIXED_CLUSTER` (an A100, a T4 and an L4 as
     ``a/0``, ``a/1``, ``a/2``), as the service keeps them: runs after the first start warm,
-    in this module and the ones after it (a killed worker is replaced when next asked for)."""
+    in this module and the ones after it (a killed worker is replaced when next asked for).
+    A worker knows only its device id; each run's cluster gives it its type and memory, so
+    the pool serves any cluster of these modules whose devices are among ``a/0``-``a/2``."""
     from workers.session import WorkerPool
 
     pool = SHARED_RAY.keep(

@@ -38,10 +38,9 @@ re-plan to show."""
 
 
 @pytest.fixture(scope="module")
-def pool():
-    p = WorkerPool(CLUSTER, simulated=True)
-    yield p
-    p.shutdown()
+def pool(mixed_pool: WorkerPool) -> WorkerPool:
+    """The shared warm workers, ``mixed_pool``, which serve this module's clusters too."""
+    return mixed_pool
 
 
 def _run(cluster, pool, cache_dir, *, steps: int, faults: list[str], replan: bool = True):
@@ -103,11 +102,7 @@ def test_a_3x_slowdown_is_followed_once_and_its_restore_back_and_training_is_unc
     assert result.losses == pytest.approx(plain.losses, rel=1e-3)
 
 
-def test_a_homogeneous_cluster_sees_no_replan(cache_dir) -> None:
-    own = WorkerPool(SAME, simulated=True)
-    try:
-        _, result, decisions = _run(SAME, own, cache_dir, steps=STEPS, faults=[])
-    finally:
-        own.shutdown()
+def test_a_homogeneous_cluster_sees_no_replan(pool, cache_dir) -> None:
+    _, result, decisions = _run(SAME, pool, cache_dir, steps=STEPS, faults=[])
     assert result.steps_done == STEPS
     assert decisions == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.hardware.cluster import Cluster
 from scheduler.planning.plan import DevicePlan, Plan
 from tests.reference import single_device_losses as reference_losses
 from tests.support import TINY, make_cluster, pipeline_stage, plan_of
@@ -13,6 +14,8 @@ from workers.session import OptimizerConfig, TrainJob, WorkerError, WorkerPool, 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
+SMALL = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
+"""Under this memory scale the 40 GB device cannot hold gpt-tiny's states and activations."""
 OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH = 3, 3, 12
 
@@ -52,19 +55,28 @@ def test_sync_groups_pair_the_holders_of_each_piece():
 
 
 @pytest.fixture(scope="module")
-def pool():
-    p = WorkerPool(CLUSTER, simulated=True)
-    yield p
-    p.shutdown()
+def pool(mixed_pool: WorkerPool) -> WorkerPool:
+    """The shared warm workers, ``mixed_pool``, which serve this module's clusters too."""
+    return mixed_pool
 
 
-def _train(plan: Plan, cache_dir, pool, *, optimizer: OptimizerConfig = OPT):
-    """``plan`` for STEPS steps on the module's cluster and pool, from SEED."""
+def _train(
+    plan: Plan,
+    cache_dir,
+    pool,
+    *,
+    cluster: Cluster = CLUSTER,
+    steps: int = STEPS,
+    seed: int = SEED,
+    optimizer: OptimizerConfig = OPT,
+):
+    """``plan`` on the module's pool and cluster (or ``cluster``): STEPS steps from SEED
+    unless told otherwise."""
     job = TrainJob(
-        cluster=CLUSTER,
+        cluster=cluster,
         model=TINY,
-        steps=STEPS,
-        seed=SEED,
+        steps=steps,
+        seed=seed,
         optimizer=optimizer,
         cache_dir=cache_dir,
     )
@@ -115,29 +127,26 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
         train(job, gap, pool=pool)
 
 
-def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir):
+def test_pp_trains_on_devices_that_cannot_hold_the_model(cache_dir, pool):
     """The 40 GB device cannot hold gpt-tiny's states and activations under this memory
     scale: dp without recomputation leaves it idle; the pipeline planner gives it a stage
     and the run stays within its memory."""
     from scheduler.planning.planner import make_plan
     from workers.session import profile_cluster
 
-    cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
-    profile = profile_cluster(cluster, TINY, cache_dir=cache_dir)
+    profile = profile_cluster(SMALL, TINY, cache_dir=cache_dir, pool=pool)
     assert all(d.layers is not None for d in profile.devices)
     dp = make_plan(profile.without_recompute(), 8, "dp")
     assert [e.id for e in dp.excluded] == ["a/1"]
     pp = make_plan(profile, 8, "pp")
     assert {d.id for d in pp.active} == {"a/0", "a/1"}
-    job = TrainJob(cluster=cluster, model=TINY, steps=2, seed=1, optimizer=OPT, cache_dir=cache_dir)
-    result = train(job, pp)
+    result = _train(pp, cache_dir, pool, cluster=SMALL, steps=2, seed=1)
     assert result.steps_done == 2 and result.losses[1] < result.losses[0]
     for d in result.devices:
         assert d.peak_bytes <= profile.device(d.id).capacity_bytes
 
 
-def test_stage_out_of_memory_names_the_device(cache_dir):
-    cluster = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
+def test_stage_out_of_memory_names_the_device(cache_dir, pool):
     crowded = plan_of(
         "pp",
         [  # three blocks and the head do not fit 12.9 MB
@@ -146,4 +155,4 @@ def test_stage_out_of_memory_names_the_device(cache_dir):
         ],
     )
     with pytest.raises(WorkerError, match=r"a/1: out of memory: micro-batch \d+ needs"):
-        train(TrainJob(cluster=cluster, model=TINY, steps=1, seed=0, cache_dir=cache_dir), crowded)
+        _train(crowded, cache_dir, pool, cluster=SMALL, steps=1, seed=0)

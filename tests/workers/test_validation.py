@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -85,11 +83,10 @@ def reference() -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def pool(local_ray) -> Iterator[WorkerPool]:
-    """Warm workers shared by every run here, as the service keeps them."""
-    p = WorkerPool(CLUSTER, simulated=True)
-    yield p
-    p.shutdown()
+def pool(mixed_pool: WorkerPool) -> WorkerPool:
+    """Warm workers shared by every run here, as the service keeps them: the shared
+    ``mixed_pool``, which serves this module's cluster too."""
+    return mixed_pool
 
 
 @pytest.mark.parametrize("name", list(PLANS))
