@@ -28,6 +28,7 @@ from scheduler.errors import SpecError
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.models.presets import get_preset
 from scheduler.planning.plan import DevicePlan, Plan
+from workers.run.config import TrainJob
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = get_preset("gpt-tiny")
@@ -377,3 +378,11 @@ SHARED_RAY = SharedRay()
 MIXED_CLUSTER = make_cluster(["A100-80GB", "T4-16GB", "L4-24GB"])
 """An A100, a T4 and an L4 (``a/0``, ``a/1``, ``a/2``): what tests/workers' ``mixed_pool``
 holds, so a run on that pool names the same cluster."""
+
+
+def tiny_job(cluster: Cluster, cache_dir: Path, *, steps: int, seed: int, **more: Any) -> TrainJob:
+    """gpt-tiny on ``cluster`` for ``steps`` steps from ``seed``, paced by the calibration
+    under ``cache_dir``; ``more`` sets the job's other fields (optimizer, dtype, dataset)."""
+    return TrainJob(
+        cluster=cluster, model=TINY, steps=steps, seed=seed, cache_dir=cache_dir, **more
+    )

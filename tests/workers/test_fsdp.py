@@ -15,14 +15,13 @@ import pytest
 
 from scheduler.cost.profile import analytic_profile
 from scheduler.planning.planner import make_plan
-from tests.support import MIXED_CLUSTER, TINY, make_cluster, manual_plan
+from tests.support import MIXED_CLUSTER, TINY, make_cluster, manual_plan, tiny_job
 from workers.session import (
     Checkpointing,
     CheckpointStore,
     OptimizerConfig,
     Recorder,
     RunConfig,
-    TrainJob,
     Validation,
     train,
 )
@@ -37,9 +36,7 @@ FSDP = manual_plan([("a/0", 8, 3, 0.5), ("a/1", 0, 0, 0.35), ("a/2", 4, 4, 0.15)
 
 
 def _train(plan, cache_dir, pool, *, steps: int, cluster=MIXED_CLUSTER, **options):
-    job = TrainJob(
-        cluster=cluster, model=TINY, steps=steps, seed=SEED, optimizer=OPT, cache_dir=cache_dir
-    )
+    job = tiny_job(cluster, cache_dir, steps=steps, seed=SEED, optimizer=OPT)
     return train(job, plan, pool=pool, **options)
 
 

@@ -29,7 +29,7 @@ from scheduler.cost.profile import analytic_profile
 from scheduler.hardware.cluster import parse_cluster, with_ray_nodes
 from scheduler.planning.plan import Plan
 from scheduler.planning.planner import make_plan
-from tests.support import TINY, manual_plan
+from tests.support import TINY, manual_plan, tiny_job
 from workers.cluster.placement import check_placement, live_nodes
 from workers.session import (
     Checkpointing,
@@ -37,7 +37,6 @@ from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
-    TrainJob,
     WorkerPool,
     train,
 )
@@ -120,9 +119,7 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
     ray_nodes, pool, cache_dir, tmp_path
 ) -> None:
     cluster, nodes = ray_nodes
-    job = TrainJob(
-        cluster=CLUSTER, model=TINY, steps=STEPS, seed=SEED, optimizer=OPT, cache_dir=cache_dir
-    )
+    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED, optimizer=OPT)
     reference = train(job, DP, pool=pool).losses
     shared = tmp_path / "shared-volume"
 

@@ -7,9 +7,9 @@ import pytest
 from scheduler.hardware.cluster import Cluster
 from scheduler.planning.plan import DevicePlan, Plan
 from tests.reference import single_device_losses as reference_losses
-from tests.support import TINY, make_cluster, pipeline_stage, plan_of
+from tests.support import TINY, make_cluster, pipeline_stage, plan_of, tiny_job
 from workers.runtime.stages import ordered_stages, sync_groups
-from workers.session import OptimizerConfig, TrainJob, WorkerError, WorkerPool, train
+from workers.session import OptimizerConfig, WorkerError, WorkerPool, train
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -72,14 +72,7 @@ def _train(
 ):
     """``plan`` on the module's pool and cluster (or ``cluster``): STEPS steps from SEED
     unless told otherwise."""
-    job = TrainJob(
-        cluster=cluster,
-        model=TINY,
-        steps=steps,
-        seed=seed,
-        optimizer=optimizer,
-        cache_dir=cache_dir,
-    )
+    job = tiny_job(cluster, cache_dir, steps=steps, seed=seed, optimizer=optimizer)
     return train(job, plan, pool=pool)
 
 
@@ -122,7 +115,7 @@ def test_broken_pipeline_is_a_one_line_error(cache_dir, pool):
             pipeline_stage("a/1", samples=12, num_micro_batches=2, layers=(2, 4), stage=1),
         ],
     )
-    job = TrainJob(cluster=CLUSTER, model=TINY, steps=1, seed=0, cache_dir=cache_dir)
+    job = tiny_job(CLUSTER, cache_dir, steps=1, seed=0)
     with pytest.raises(WorkerError, match="a/0 ends at block 1 but the next stage a/1 starts"):
         train(job, gap, pool=pool)
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.planning.plan import Plan
-from tests.support import MIXED_CLUSTER, TINY, manual_plan, pipeline_stage
+from tests.support import MIXED_CLUSTER, manual_plan, pipeline_stage, tiny_job
 from workers.session import (
     Checkpointing,
     CheckpointStore,
@@ -71,14 +71,7 @@ def reference(pool, cache_dir):
 
 def _job(cache_dir, steps: int = STEPS) -> TrainJob:
     """What every run of this module trains: the cluster, model, seed and optimizer."""
-    return TrainJob(
-        cluster=MIXED_CLUSTER,
-        model=TINY,
-        steps=steps,
-        seed=SEED,
-        optimizer=OPT,
-        cache_dir=cache_dir,
-    )
+    return tiny_job(MIXED_CLUSTER, cache_dir, steps=steps, seed=SEED, optimizer=OPT)
 
 
 def _durable(tmp_path, name: str, every: int = 2, max_failures: int = 0) -> RunConfig:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.reference import single_device_training
-from tests.support import MIXED_CLUSTER, TINY, manual_plan
+from tests.support import MIXED_CLUSTER, TINY, manual_plan, tiny_job
 from workers.models.gpt import GPT
 from workers.session import (
     OptimizerConfig,
@@ -31,9 +31,7 @@ OPT = OptimizerConfig(lr=3e-3)
 
 def _job(cache_dir, *, steps: int, seed: int, **fields: Any) -> TrainJob:
     """gpt-tiny on this module's cluster; ``fields`` as :class:`TrainJob`'s."""
-    return TrainJob(
-        cluster=MIXED_CLUSTER, model=TINY, steps=steps, seed=seed, cache_dir=cache_dir, **fields
-    )
+    return tiny_job(MIXED_CLUSTER, cache_dir, steps=steps, seed=seed, **fields)
 
 
 def test_uneven_three_device_split_matches_single_process_training(cache_dir, mixed_pool) -> None:

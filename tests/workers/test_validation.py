@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support import TINY, make_cluster, manual_plan, pipeline_stage, plan_of
+from tests.support import TINY, make_cluster, manual_plan, pipeline_stage, plan_of, tiny_job
 from workers.data.dataset import ByteDataset
 from workers.models.gpt import GPT, lm_loss_sum
 from workers.session import (
     OptimizerConfig,
     Recorder,
     RunConfig,
-    TrainJob,
     Validation,
     WorkerError,
     WorkerPool,
@@ -92,15 +91,7 @@ def pool(mixed_pool: WorkerPool) -> WorkerPool:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_validation_loss_is_the_same_whatever_the_split(name: str, reference, pool, cache_dir):
     hooks = Recorder()
-    job = TrainJob(
-        cluster=CLUSTER,
-        model=TINY,
-        steps=STEPS,
-        seed=SEED,
-        optimizer=OPT,
-        cache_dir=cache_dir,
-        dtype="float64",
-    )
+    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED, optimizer=OPT, dtype="float64")
     result = train(
         job,
         PLANS[name],
@@ -130,9 +121,7 @@ def test_a_held_out_split_too_short_is_one_line_before_training(tmp_path, pool, 
     text.write_bytes(b"x" * 400)  # 5 % held out: 20 tokens, a sample needs 65
     with pytest.raises(Exception, match=r"dataset: the val split of short.txt has 20 tokens"):
         train(
-            TrainJob(
-                cluster=CLUSTER, model=TINY, steps=1, seed=0, dataset=text, cache_dir=cache_dir
-            ),
+            tiny_job(CLUSTER, cache_dir, steps=1, seed=0, dataset=text),
             manual_plan([("a/0", 2, 2)]),
             pool=pool,
             config=RunConfig(validation=Validation(every_steps=1)),
