@@ -128,11 +128,11 @@ class ProjectRecord:
 
     name: str
     weight: float
-    max_devices: int | None
-    max_queued: int | None
-    max_priority: float | None
-    storage_bytes: int | None
     created_at: datetime
+    max_devices: int | None = None
+    max_queued: int | None = None
+    max_priority: float | None = None
+    storage_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

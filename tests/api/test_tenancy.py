@@ -357,15 +357,7 @@ def test_jobs_from_before_users_belong_to_the_admin_in_the_default_project(
 
 
 def quota(name: str, *, weight: float = 1.0, max_devices: int | None = None) -> ProjectRecord:
-    return ProjectRecord(
-        name=name,
-        weight=weight,
-        max_devices=max_devices,
-        max_queued=None,
-        max_priority=None,
-        storage_bytes=None,
-        created_at=now(),
-    )
+    return ProjectRecord(name=name, weight=weight, max_devices=max_devices, created_at=now())
 
 
 def demand(name: str, *, held: tuple[str, ...] = (), min_devices: int = 1) -> JobDemand:
