@@ -29,7 +29,7 @@ from scheduler.hardware.cluster import Cluster, Links
 from scheduler.models.presets import ModelPreset
 from workers.cluster.actors import gather, start_local_ray
 from workers.cluster.pool import WorkerPool
-from workers.devices.calibration import HostCalibration, default_cache_dir
+from workers.devices.calibration import HostCalibration, calibrate_host, default_cache_dir
 from workers.devices.contention import Lag, PaceCheck, lagging, profile_sizes, run_lags
 from workers.devices.device import TorchDevice
 from workers.devices.layer_profile import host_layers, measure_layers
@@ -256,8 +256,9 @@ def simulation_pace(
     device (medians over the steps). The profile's figures are checked against the
     pacing they were measured under (same margin and calibration: the cache key).
     """
-    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir or default_cache_dir())
-    margin, load = pacing_margin(cluster)
+    cache_dir = cache_dir or default_cache_dir()
+    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir)
+    margin, load = pacing_margin(cluster, preset, calibrate_host(preset, cache_dir=cache_dir))
     lags: list[Lag] = []
     for d in profile.devices:
         pacing = pacing_of(d.id)[1]
