@@ -39,8 +39,8 @@ PROBE_S = 0.3
 SATURATED_SHARE = 0.9
 """Below this share of a core the probe's thread was waiting for one: cores saturated."""
 MARGIN_LEVELS = (2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
-"""Margins the live contention rounds up to: a cached profile is reused while the load
-stays within a level (the margin is part of its cache key)."""
+"""Margins the live contention rounds up to, so that a little jitter in the probe does not
+change the simulation's pace from one profile to the next."""
 MAX_MARGIN = MARGIN_LEVELS[-1]
 """Past this the simulation would crawl: the host is reported as unable to keep up."""
 IDLE_INFLATION = 1.15
