@@ -8,7 +8,10 @@ Yuan 2009), a simulated cluster's from its spec.
 A simulated device's figures are its paced time only while the host kept up
 (:mod:`workers.devices.contention`): figures over their pacing are not cached,
 and :func:`simulation_pace` says whether a simulation's profile and runs can be
-trusted.
+trusted. Its times are proportional to the pacing margin, which follows the
+host's live load: a cache entry records the margin it was measured at and is
+read at any other by scaling its times (:func:`at_margin`), so a restarted
+service re-profiles only when the model, the device or the host calibration changed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from scheduler.hardware.cluster import Cluster, Links
 from scheduler.models.presets import ModelPreset
 from workers.cluster.actors import gather, start_local_ray
 from workers.cluster.pool import WorkerPool
-from workers.devices.calibration import HostCalibration, default_cache_dir
+from workers.devices.calibration import HostCalibration, calibrate_host, default_cache_dir
 from workers.devices.contention import Lag, PaceCheck, lagging, profile_sizes, run_lags
 from workers.devices.device import TorchDevice
 from workers.devices.layer_profile import host_layers, measure_layers
@@ -38,7 +41,7 @@ from workers.errors import WorkerError
 from workers.runtime.measure import SIMULATED_TIMING_SIZES
 
 PROFILE_TIMEOUT_S = 600.0
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 """Bump when the measurement changes, so old cache entries are not reused."""
 
 
@@ -57,7 +60,8 @@ def cache_key(
 
     The memory is, for real GPUs, what the node's driver reports
     (:func:`workers.session.connect_ray`); a simulated device's
-    figures also follow its pacing (margin ``K``, speed ratio, host calibration).
+    figures also follow its pacing: its speed ratio and host calibration, and not its
+    margin ``K``, by which its times only scale (:func:`at_margin`).
     """
     parts: dict[str, Any] = {
         "version": PROFILE_VERSION,
@@ -71,7 +75,6 @@ def cache_key(
     }
     if pacing is not None:
         parts["pacing"] = {
-            "margin": round(pacing.margin, 6),
             "speed_ratio": round(pacing.speed_ratio, 9),
             "host": asdict(pacing.host),
         }
@@ -134,6 +137,7 @@ def profile_devices(
     )
     hook = _layer_hook(layers, preset, pacing_of(ids[0])[1], cache_dir)
     key_of: dict[str, str] = {}
+    margin_of: dict[str, float | None] = {}
     for d in devices:
         capacity, pacing = pacing_of(d.id)
         key_of[d.id] = cache_key(
@@ -145,8 +149,9 @@ def profile_devices(
             pacing=pacing,
             layers=hook is not None,
         )
+        margin_of[key_of[d.id]] = pacing.margin if pacing is not None else None
     folder = cache_dir / "profiles"
-    results = {} if refresh else _read_cache(folder, set(key_of.values()))
+    results = {} if refresh else _read_cache(folder, margin_of)
     # One measurement per distinct cache key, on the first device that has it.
     first_of: dict[str, str] = {}
     for device_id, key in key_of.items():
@@ -183,14 +188,37 @@ def _layer_hook(layers: Any, preset: ModelPreset, pacing: Pacing | None, cache_d
     return LayerHook(pieces)
 
 
-def _read_cache(folder: Path, keys: set[str]) -> dict[str, dict[str, Any]]:
-    """The cached figures of those ``keys`` that have a readable entry."""
+def at_margin(entry: dict[str, Any], margin: float) -> dict[str, Any]:
+    """A simulated device's cached figures at pacing margin ``margin``: every time
+    (a ``_s`` key, per layer and recomputation mode too) scaled from the margin the entry
+    was measured at, since a paced time is ``K · speed ratio · host time``; memory as is.
+
+    >>> at_margin({"margin": 4.0, "figures": {"fixed_s": 0.5, "per_sample_bytes": 9}}, 8.0)
+    {'figures': {'fixed_s': 1.0, 'per_sample_bytes': 9}, 'margin': 8.0}
+    """
+    factor = margin / entry["margin"]
+
+    def scaled(doc: Any) -> Any:
+        if not isinstance(doc, dict):
+            return doc
+        return {
+            k: v * factor if k.endswith("_s") and isinstance(v, int | float) else scaled(v)
+            for k, v in doc.items()
+        }
+
+    return {k: scaled(v) for k, v in entry.items() if k != "margin"} | {"margin": margin}
+
+
+def _read_cache(folder: Path, margin_of: dict[str, float | None]) -> dict[str, dict[str, Any]]:
+    """The cached figures of those keys of ``margin_of`` that have a readable entry, at
+    each key's pacing margin (None: a real GPU's, read as measured)."""
     results: dict[str, dict[str, Any]] = {}
-    for key in keys:
+    for key, margin in margin_of.items():
         path = folder / f"{key}.json"
         if path.exists():
-            with contextlib.suppress(OSError, ValueError):
-                results[key] = json.loads(path.read_text())
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+                entry = json.loads(path.read_text())
+                results[key] = entry if margin is None else at_margin(entry, margin)
     return results
 
 
@@ -221,8 +249,10 @@ def _measure(
     for key, out in results.items():
         device_id = first_of[key]
         pacing = pacing_of(device_id)[1]
-        if pacing is not None and figure_lags(device_id, out["figures"], pacing):
-            continue  # the host's time, not the GPU's: measure again next time
+        if pacing is not None:
+            if figure_lags(device_id, out["figures"], pacing):
+                continue  # the host's time, not the GPU's: measure again next time
+            out = out | {"margin": pacing.margin}  # read at any other by at_margin
         (folder / f"{key}.json").write_text(json.dumps(out, indent=2) + "\n")
     return results
 
@@ -254,10 +284,12 @@ def simulation_pace(
 
     ``runs``: per strategy, ``(device id, measured busy_s, planned busy_s)`` of each
     device (medians over the steps). The profile's figures are checked against the
-    pacing they were measured under (same margin and calibration: the cache key).
+    pacing they are read at (same calibration and speed ratio, the cache key; times
+    scaled to the margin in force, :func:`at_margin`).
     """
-    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir or default_cache_dir())
-    margin, load = pacing_margin(cluster)
+    cache_dir = cache_dir or default_cache_dir()
+    pacing_of = simulated_pacing(cluster, preset, cache_dir=cache_dir)
+    margin, load = pacing_margin(cluster, preset, calibrate_host(preset, cache_dir=cache_dir))
     lags: list[Lag] = []
     for d in profile.devices:
         pacing = pacing_of(d.id)[1]

@@ -77,3 +77,16 @@ def test_profiler_recovers_the_pacing_it_was_given_and_caches(cache_dir, monkeyp
     again = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
     assert again == profile
     assert pool.pids() == {}, "cached: no worker was started"
+
+    # The host got busier and the live margin doubled: the cache still serves, every time
+    # twice what it was (recomputation's too), memory as it was.
+    monkeypatch.setenv("HETSCHED_PACING_MARGIN", str(2 * MARGIN))
+    busier = profile_cluster(CLUSTER, TINY, cache_dir=cache_dir, layers=None, pool=pool)
+    assert pool.pids() == {}, "cached at another margin: no worker was started"
+    v100_busier, a100_busier = busier.device("a/1"), busier.device("a/0")
+    assert v100_busier.per_sample_s == pytest.approx(2 * v100.per_sample_s)
+    assert v100_busier.fixed_s == pytest.approx(2 * v100.fixed_s)
+    assert a100_busier.full is not None
+    assert a100_busier.full.per_sample_s == pytest.approx(2 * a100.full.per_sample_s)
+    assert v100_busier.per_sample_bytes == v100.per_sample_bytes
+    assert v100_busier.max_micro_batch() == v100.max_micro_batch()

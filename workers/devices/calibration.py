@@ -86,6 +86,30 @@ def host_key(preset: ModelPreset) -> str:
     return f"{preset.name}-{shape}-{host}".replace("/", "_").replace(" ", "_")
 
 
+class ForwardBackward:
+    """``preset``'s forward+backward on this thread, timed in its CPU time: what the
+    calibration measures, and what the live probe
+    (:func:`workers.devices.contention.probe_host`) repeats under the load of the moment."""
+
+    def __init__(self, preset: ModelPreset) -> None:
+        self.model = build_model(preset, seed=0)
+        self.data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
+        self.batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cpu_s(self, micro_batch: int) -> float:
+        """Run one pass of ``micro_batch`` samples; its thread CPU time."""
+        if micro_batch not in self.batches:
+            self.batches[micro_batch] = self.data.device_batch(
+                seed=0, step=micro_batch, global_batch=micro_batch, offset=0, samples=micro_batch
+            )
+        x, y = self.batches[micro_batch]
+        start = time.thread_time()
+        lm_loss_sum(self.model(x), y).backward()
+        elapsed = time.thread_time() - start
+        self.model.zero_grad(set_to_none=True)
+        return elapsed
+
+
 def measure_host(
     preset: ModelPreset,
     *,
@@ -94,18 +118,10 @@ def measure_host(
 ) -> HostCalibration:
     """Time forward+backward on one CPU thread (its CPU time); min over repeats, a line fit."""
     torch.set_num_threads(1)
-    model = build_model(preset, seed=0)
-    data = ByteDataset(None, seq_len=preset.seq_len, vocab_size=preset.vocab_size)
+    passes = ForwardBackward(preset)
     best: list[float] = []
     for m in sizes:
-        x, y = data.device_batch(seed=0, step=m, global_batch=m, offset=0, samples=m)
-        times = []
-        for _ in range(repeats + 1):  # the first run warms caches up
-            start = time.thread_time()
-            loss = lm_loss_sum(model(x), y)
-            loss.backward()
-            times.append(time.thread_time() - start)
-            model.zero_grad(set_to_none=True)
+        times = [passes.cpu_s(m) for _ in range(repeats + 1)]  # the first warms caches up
         best.append(min(times[1:]))
     fixed_s, per_sample_s = fit_line([float(m) for m in sizes], best)
     return HostCalibration(fixed_s=fixed_s, per_sample_s=per_sample_s)

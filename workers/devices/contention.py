@@ -8,12 +8,16 @@ a run's step time, the speed-up over ``even``) describes the host, not the GPU.
 
 Two measurements decide it here:
 
-- :func:`probe_host`, live, before a profile: one thread spins for a moment and
-  reads what share of a core it got (``time.thread_time`` over wall time) and,
-  on Linux, how busy the other cores were (``/proc/stat``). On ``C`` cores with
-  ``B`` other runnable processes a thread gets ``C / (B + 1)`` of a core once
-  they saturate them, so ``B`` follows from either reading. The pacing margin is
-  raised from it (:func:`margin_for`).
+- :func:`probe_host`, live, before a profile: one thread repeats the devices' own
+  forward+backward for a moment and reads what share of a core it got
+  (``time.thread_time`` over wall time) and, on Linux, how busy the other cores
+  were (``/proc/stat``). On ``C`` cores with ``B`` other runnable processes a
+  thread gets ``C / (B + 1)`` of a core once they saturate them, so ``B`` follows
+  from either reading. It also reads how much more CPU time each pass took than
+  the host calibration's: time-sharing a core evicts the model from the caches
+  the others use, so the same work costs more CPU time beside busy processes
+  (1.2-3x for gpt-tiny beside two busy loops on a 2-core VM, where a bare Python
+  loop costs the same). The pacing margin is raised from both (:func:`margin_for`).
 - :class:`PaceCheck`, after the fact: a device's profiled or trained time against
   the time it was paced to. More than :data:`LAG_TOLERANCE` over it is a device
   that could not keep its pace: its figures are the host's.
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +39,14 @@ PROBE_S = 0.3
 SATURATED_SHARE = 0.9
 """Below this share of a core the probe's thread was waiting for one: cores saturated."""
 MARGIN_LEVELS = (2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
-"""Margins the live contention rounds up to: a cached profile is reused while the load
-stays within a level (the margin is part of its cache key)."""
+"""Margins the live contention rounds up to, so that a little jitter in the probe does not
+change the simulation's pace from one profile to the next."""
 MAX_MARGIN = MARGIN_LEVELS[-1]
 """Past this the simulation would crawl: the host is reported as unable to keep up."""
+IDLE_INFLATION = 1.15
+"""A probe's passes cost up to this much more CPU time than the calibration on an idle host
+too (the calibration takes each size's fastest run, the probe its median): the margin is
+raised for CPU-time inflation only beyond it."""
 LAG_TOLERANCE = 0.15
 """A device whose measured time exceeds its paced time by more than this share lagged.
 Pacing itself is late by the OS's wake-up (about a millisecond a pass, under 5 %)."""
@@ -53,6 +62,8 @@ class HostLoad:
     """Share of one core the probing thread got (1.0: a core was free)."""
     others: float
     """CPU-bound processes running besides the probe (an estimate; 0 on an idle host)."""
+    cpu_inflation: float = 1.0
+    """The probe's CPU time per pass over the host calibration's (1.0: not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -78,18 +89,41 @@ def _busy_ticks() -> tuple[int, int] | None:
     return sum(ticks) - idle, sum(ticks)
 
 
-def probe_host(duration_s: float = PROBE_S) -> HostLoad:
-    """Spin one thread for ``duration_s`` and estimate the other CPU-bound processes.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeWork:
+    """What :func:`probe_host` repeats: one pass of the devices' own compute, and the CPU
+    time the host calibration measured for it uncontended."""
+
+    cpu_s: Callable[[], float]
+    """Runs one pass on the calling thread and returns its thread CPU time."""
+    calibrated_s: float
+
+
+def _spin_cpu_s() -> float:
+    start = time.thread_time()
+    sum(range(200))
+    return time.thread_time() - start
+
+
+def probe_host(duration_s: float = PROBE_S, *, work: ProbeWork | None = None) -> HostLoad:
+    """Repeat ``work`` (a bare spin without it) for ``duration_s`` on one thread and estimate
+    the other CPU-bound processes and the CPU-time inflation of ``work``.
 
     Saturated cores (the thread got less than :data:`SATURATED_SHARE` of one):
     ``others = C / share - 1``. Otherwise the other cores' busy time over the probe
     (``/proc/stat``; its core count must be this process's, as in most containers).
+    The inflation is the median pass's CPU time over ``work.calibrated_s``, after one
+    pass that warms the caches (at least one more pass, however long it takes).
     """
     num_cpus = host_cpus()
+    if work is not None:
+        work.cpu_s()
+    cpu_s = work.cpu_s if work is not None else _spin_cpu_s
+    passes: list[float] = []
     before = _busy_ticks()
     wall0, cpu0 = time.perf_counter(), time.thread_time()
-    while time.perf_counter() - wall0 < duration_s:
-        sum(range(200))
+    while not passes or time.perf_counter() - wall0 < duration_s:
+        passes.append(cpu_s())
     wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
     after = _busy_ticks()
     share = min(1.0, cpu / wall) if wall > 0 else 1.0
@@ -99,32 +133,48 @@ def probe_host(duration_s: float = PROBE_S) -> HostLoad:
         if round(cores_seen) == num_cpus:  # the file counts this process's cores
             busy_cores = (after[0] - before[0]) / (after[1] - before[1]) * num_cpus
             others = max(others, busy_cores - share)
-    return HostLoad(num_cpus=num_cpus, cpu_share=share, others=max(0.0, others))
+    inflation = 1.0
+    if work is not None and work.calibrated_s > 0:
+        inflation = max(1.0, statistics.median(passes) / work.calibrated_s)
+    return HostLoad(
+        num_cpus=num_cpus, cpu_share=share, others=max(0.0, others), cpu_inflation=inflation
+    )
 
 
-def needed_margin(num_devices: int, num_cpus: int, others: float = 0.0) -> float:
+def needed_margin(
+    num_devices: int, num_cpus: int, others: float = 0.0, *, cpu_inflation: float = 1.0
+) -> float:
     """Margin ``K`` at which the fastest device's compute fits its paced time, unrounded.
 
     Its ``num_devices`` peers and ``others`` share ``num_cpus`` cores while they all
     compute, so a pass takes ``(num_devices + others) / num_cpus`` times its
     uncontended time; twice that leaves room for Ray, gloo and the driver
-    (DESIGN.md finds 2–3 enough for four actors on two idle cores).
+    (DESIGN.md finds 2–3 enough for four actors on two idle cores). Beside busy
+    processes each pass also costs ``cpu_inflation`` times its calibrated CPU time
+    (:func:`probe_host`), which multiplies it once over :data:`IDLE_INFLATION`.
 
     >>> needed_margin(4, 2)
     4.0
     >>> needed_margin(4, 2, others=4.0)
     8.0
+    >>> [needed_margin(1, 1, others=2.0, cpu_inflation=x) for x in (1.1, 1.5)]
+    [6.0, 9.0]
     """
-    return max(MARGIN_LEVELS[0], 2.0 * (num_devices + others) / max(num_cpus, 1))
+    inflation = cpu_inflation if cpu_inflation > IDLE_INFLATION else 1.0
+    return max(MARGIN_LEVELS[0], 2.0 * inflation * (num_devices + others) / max(num_cpus, 1))
 
 
-def margin_for(num_devices: int, num_cpus: int, others: float = 0.0) -> float:
+def margin_for(
+    num_devices: int, num_cpus: int, others: float = 0.0, *, cpu_inflation: float = 1.0
+) -> float:
     """:func:`needed_margin` rounded up to a level of :data:`MARGIN_LEVELS`, at most the last.
 
     >>> margin_for(4, 2), margin_for(4, 2, others=2.3), margin_for(4, 2, others=40)
     (4.0, 8.0, 16.0)
+    >>> margin_for(1, 1, others=2.0, cpu_inflation=2.0)
+    12.0
     """
-    need = needed_margin(num_devices, num_cpus, others)
+    need = needed_margin(num_devices, num_cpus, others, cpu_inflation=cpu_inflation)
     return next((k for k in MARGIN_LEVELS if k >= need - 1e-9), MAX_MARGIN)
 
 
@@ -177,9 +227,13 @@ class PaceCheck:
         wheres = ", ".join(dict.fromkeys(lag.where for lag in self.lags))
         load = ""
         if self.load is not None:
+            inflated = ""
+            if self.load.cpu_inflation > IDLE_INFLATION:
+                inflated = f", each pass {self.load.cpu_inflation:.1f}x its idle CPU time"
             load = (
                 f" (a thread got {self.load.cpu_share:.0%} of a core: about "
-                f"{self.load.others:.1f} other CPU-bound processes on {self.load.num_cpus} cores)"
+                f"{self.load.others:.1f} other CPU-bound processes on {self.load.num_cpus} cores"
+                f"{inflated})"
             )
         return (
             f"host too busy{load}: simulated devices could not keep their GPUs' pace in "

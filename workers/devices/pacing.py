@@ -6,8 +6,9 @@ uncontended forward+backward time (:mod:`workers.devices.calibration`) and ``K``
 contention margin, so that several actors sharing few cores still finish
 their real compute inside the target. Speed is the catalogue's peak dense
 TFLOP/s (``Device.peak_tflops``) times any slow-down in force (fault injection).
-``K`` grows with the other CPU-bound processes measured live
-(:mod:`workers.devices.contention`), so the devices keep their pace on a busy host.
+``K`` grows with the other CPU-bound processes measured live, and with how much more CPU
+time the model's own passes take beside them (:mod:`workers.devices.contention`), so the
+devices keep their pace on a busy host.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
+import torch
 
 from scheduler.hardware.capacity import simulated_budget_bytes
 from scheduler.hardware.cluster import Cluster, Device
 from scheduler.models.presets import ModelPreset
-from workers.devices.calibration import HostCalibration, calibrate_host
-from workers.devices.contention import HostLoad, host_cpus, margin_for, probe_host
+from workers.devices.calibration import ForwardBackward, HostCalibration, calibrate_host, host_key
+from workers.devices.contention import HostLoad, ProbeWork, host_cpus, margin_for, probe_host
 from workers.errors import WorkerError
 
 FORWARD_SHARE = 1 / 3
@@ -70,9 +72,13 @@ def simulated_capacity_bytes(cluster: Cluster, device: Device) -> int:
     return simulated_budget_bytes(device.memory_bytes, cluster.simulation.memory_scale)
 
 
-_MARGINS: dict[tuple[int, int], tuple[float, HostLoad]] = {}
-"""``(devices, cores) -> (margin, load)`` of the last live probe, so that the runs after a
-profile pace as it did."""
+PROBE_MICRO_BATCH = 1
+"""The probe's passes: the calibration's smallest, so that even a large model's probe
+repeats its pass a few times."""
+
+_MARGINS: dict[tuple[int, int, str], tuple[float, HostLoad]] = {}
+"""``(devices, cores, model) -> (margin, load)`` of the last live probe, so that the runs
+after a profile pace as it did."""
 _MARGINS_LOCK = threading.Lock()
 
 
@@ -89,25 +95,45 @@ def _env_margin() -> float | None:
     return value
 
 
-def pacing_margin(cluster: Cluster, *, probe: bool = False) -> tuple[float, HostLoad | None]:
-    """Contention margin ``K`` for ``cluster``'s simulation on this machine, and the load
-    it was raised from.
+def probe_with_model(model: ModelPreset, host: HostCalibration) -> HostLoad:
+    """:func:`probe_host` repeating ``model``'s forward+backward on this thread, one torch
+    thread as in the device actors and the calibration (the process's setting is put back)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        passes = ForwardBackward(model)
+        work = ProbeWork(
+            cpu_s=lambda: passes.cpu_s(PROBE_MICRO_BATCH),
+            calibrated_s=host.time_s(PROBE_MICRO_BATCH),
+        )
+        return probe_host(work=work)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pacing_margin(
+    cluster: Cluster, model: ModelPreset, host: HostCalibration, *, probe: bool = False
+) -> tuple[float, HostLoad | None]:
+    """Contention margin ``K`` for ``cluster``'s simulation of ``model`` on this machine,
+    and the load it was raised from.
 
     ``$HETSCHED_PACING_MARGIN`` sets it (no load then). Otherwise it follows the
-    simulated devices per core Ray may use and the other CPU-bound processes
-    measured live (:func:`workers.devices.contention.margin_for`): measured when
-    ``probe`` (a profile, which every run then follows) or when nothing was
-    measured yet for a cluster of this size in this process.
+    simulated devices per core Ray may use, the other CPU-bound processes and the
+    CPU-time inflation of ``model``'s passes against ``host``, measured live
+    (:func:`probe_with_model`, :func:`workers.devices.contention.margin_for`):
+    measured when ``probe`` (a profile, which every run then follows) or when
+    nothing was measured yet for a cluster of this size and this model in this process.
     """
     env = _env_margin()
     if env is not None:
         return env, None
     num_cpus = int(ray.cluster_resources().get("CPU", 2)) if ray.is_initialized() else 2
-    key = (len(cluster.devices), min(num_cpus, host_cpus()))
+    key = (len(cluster.devices), min(num_cpus, host_cpus()), host_key(model))
     with _MARGINS_LOCK:
         if probe or key not in _MARGINS:
-            load = probe_host()
-            _MARGINS[key] = (margin_for(key[0], key[1], load.others), load)
+            load = probe_with_model(model, host)
+            margin = margin_for(key[0], key[1], load.others, cpu_inflation=load.cpu_inflation)
+            _MARGINS[key] = (margin, load)
         return _MARGINS[key]
 
 
@@ -126,7 +152,7 @@ def simulated_pacing(
     """``device id -> (capacity_bytes, Pacing)`` for the simulated devices of ``cluster``;
     ``probe`` measures the host's contention again (:func:`pacing_margin`)."""
     host = calibrate_host(model, cache_dir=cache_dir, refresh=refresh)
-    margin, _load = pacing_margin(cluster, probe=probe)
+    margin, _load = pacing_margin(cluster, model, host, probe=probe)
 
     def of(device_id: str) -> tuple[int, Pacing | None]:
         device = cluster.device(device_id)
