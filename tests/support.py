@@ -41,11 +41,11 @@ SERVE_EXIT_S = 60.0
 STEADY_MARGIN = "4"
 """``HETSCHED_PACING_MARGIN`` of the tests' services on the bundled local-sim cluster: the
 level the live probe picks for its 4 simulated devices on 2 idle cores
-(:func:`workers.devices.contention.margin_for`), held as a steady host holds it. The margin
-is part of a profile's cache key, so a probe that catches another process starting or
-exiting picks the next level and measures the profile again; held, every service and app
-of a session reads the one profile the first measured. tests/workers/test_busy_host.py
-covers the live margin."""
+(:func:`workers.devices.contention.margin_for`), held as a steady host holds it. A probe
+that catches another process starting or exiting picks the next level, and a cached
+profile is then read with its times scaled to it; held, every service and app of a session
+reads the one profile the first measured, with the same figures.
+tests/workers/test_busy_host.py covers the live margin."""
 
 
 # --- clusters and plans -------------------------------------------------------------------

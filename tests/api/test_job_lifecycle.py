@@ -27,7 +27,7 @@ from tests.support import JOBS, TERMINAL, wait_for
 def test_job_runs_to_success_with_metrics(live: Callable[[], TestClient]) -> None:
     # ``live`` holds the margin the profile is cached under (tests.support.STEADY_MARGIN):
     # a live probe between the job's profile and the second one below may read other
-    # processes' exit and pick another margin level, which is a new cache key.
+    # processes' exit and pick another margin level, which scales every cached time.
     with live() as client:
         spec = {
             "name": "life",
