@@ -69,39 +69,41 @@ def test_a_spec_without_faults_writes_no_faults_key() -> None:
     assert document["simulation"] == {"memory_scale": 0.0015}
 
 
+def fault_entry(**changes: Any) -> dict[str, Any]:
+    """A valid crash fault on ``node-a/0`` at step 1, with ``changes`` over it."""
+    return {"device": "node-a/0", "at_step": 1, "kind": "crash", **changes}
+
+
 @pytest.mark.parametrize(
     ("fault", "expected"),
     [
         (
-            {"device": "node-c/0", "at_step": 1, "kind": "crash"},
+            fault_entry(device="node-c/0"),
             "simulation.faults[0].device: unknown device 'node-c/0'; known: node-a/0, node-a/1",
         ),
         (
-            {"device": "node-a/0", "at_step": 1, "kind": "melt"},
+            fault_entry(kind="melt"),
             "simulation.faults[0].kind: unknown 'melt'; allowed: crash, lost, slow, restore",
         ),
         (
-            {"device": "node-a/0", "at_step": 1, "kind": "lost", "factor": 2},
+            fault_entry(kind="lost", factor=2),
             "simulation.faults[0].factor: only kind slow takes a factor, not kind lost",
         ),
+        (fault_entry(at_step=-1), "simulation.faults[0].at_step: must be an integer >= 0, got -1"),
         (
-            {"device": "node-a/0", "at_step": -1, "kind": "crash"},
-            "simulation.faults[0].at_step: must be an integer >= 0, got -1",
-        ),
-        (
-            {"device": "node-a/0", "at_step": 2.5, "kind": "crash"},
+            fault_entry(at_step=2.5),
             "simulation.faults[0].at_step: must be an integer >= 0, got 2.5",
         ),
         (
-            {"device": "node-a/0", "at_step": 1, "kind": "slow"},
+            fault_entry(kind="slow"),
             "simulation.faults[0].factor: kind slow needs a number > 0, got None",
         ),
         (
-            {"device": "node-a/0", "at_step": 1, "kind": "slow", "factor": 0},
+            fault_entry(kind="slow", factor=0),
             "simulation.faults[0].factor: kind slow needs a number > 0, got 0",
         ),
         (
-            {"device": "node-a/0", "at_step": 1, "kind": "crash", "when": 3},
+            fault_entry(when=3),
             "simulation.faults[0].when: unknown key; allowed: at_step, device, factor, kind",
         ),
         ("node-a/0@1:crash", "simulation.faults[0]: must be a mapping, got str"),
