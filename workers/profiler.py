@@ -29,7 +29,7 @@ import torch
 from scheduler.cost.costs import sharding_of
 from scheduler.cost.profile import LayerProfile, Profile, profile_from_dict
 from scheduler.hardware.cluster import Cluster, Links
-from scheduler.models.presets import ModelPreset
+from scheduler.models.presets import ModelPreset, check_trainable
 from workers.cluster.actors import gather, start_local_ray
 from workers.cluster.pool import WorkerPool
 from workers.devices.calibration import HostCalibration, calibrate_host, default_cache_dir
@@ -103,7 +103,7 @@ def _non_negative(layers: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def profile_devices(
+def profile_cluster(
     cluster: Cluster,
     preset: ModelPreset,
     *,
@@ -114,13 +114,15 @@ def profile_devices(
     layers: Any = "auto",
     pool: WorkerPool | None = None,
 ) -> Profile:
-    """Measure (or read from the cache) every device of ``cluster`` (or ``device_ids``).
+    """Measure (or read from the cache) every device of ``cluster`` (or ``device_ids``):
+    the profile of DESIGN.md. A model no device could train fails first, in one line.
 
     ``layers``: ``"auto"`` measures per-layer figures in each device's worker,
     ``None`` skips them, a callable ``(device, preset) -> LayerProfile`` is
     used as given (it must be importable by the Ray workers). ``pool``: the
     warm workers to measure on (a temporary pool when None).
     """
+    check_trainable(preset)
     cache_dir = cache_dir or default_cache_dir()
     ids = device_ids if device_ids is not None else cluster.ids
     devices = [cluster.device(i) for i in ids]
@@ -181,7 +183,7 @@ def profile_devices(
 
 
 def _layer_hook(layers: Any, preset: ModelPreset, pacing: Pacing | None, cache_dir: Path) -> Any:
-    """What each worker runs for per-layer figures (see :func:`profile_devices`)."""
+    """What each worker runs for per-layer figures (see :func:`profile_cluster`)."""
     if layers != "auto":
         return layers
     pieces = host_layers(preset, pacing.host, cache_dir=cache_dir) if pacing else None

@@ -51,7 +51,7 @@ from workers.devices.calibration import default_cache_dir
 from workers.devices.pacing import no_pacing, pacing_margin, simulated_pacing
 from workers.errors import WorkerError
 from workers.models.hf import load_hf_directory
-from workers.profiler import profile_devices
+from workers.profiler import profile_cluster
 from workers.records import DeviceStep, OptimizerConfig, Recovery, StepMetrics, TrainResult
 from workers.run.config import Checkpointing, RunConfig, TrainJob, Validation, default_validation
 from workers.run.hooks import NoHooks, Recorder, RunHooks
@@ -148,35 +148,6 @@ def probe_gpus(node_id: str) -> list[ProbedGpu]:
         return parse_nvidia_smi(ray.get(task.remote(), timeout=120))
     except (RayTaskError, GetTimeoutError) as exc:
         raise WorkerError(f"ray: cannot list the GPUs of node {node_id}: {exc}") from exc
-
-
-def profile_cluster(
-    cluster: Cluster,
-    model: ModelPreset,
-    *,
-    device_ids: list[str] | None = None,
-    cache_dir: Path,
-    refresh: bool = False,
-    simulated: bool = True,
-    layers: Any = "auto",
-    pool: WorkerPool | None = None,
-) -> Profile:
-    """Measure each device (cached) and return the profile of DESIGN.md.
-
-    ``layers``: per-layer figures for pipeline planning; ``"auto"`` measures
-    them, ``None`` skips them (see :func:`workers.profiler.profile_devices`).
-    """
-    check_trainable(model)
-    return profile_devices(
-        cluster,
-        model,
-        device_ids=device_ids,
-        cache_dir=cache_dir,
-        refresh=refresh,
-        simulated=simulated,
-        layers=layers,
-        pool=pool,
-    )
 
 
 def train(
