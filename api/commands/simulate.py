@@ -222,8 +222,7 @@ def simulate(
     """
     from workers.session import RunBuilder, default_cache_dir, default_validation
 
-    cache_dir = job.cache_dir or default_cache_dir()
-    job = replace(job, cache_dir=cache_dir)  # the profile's and every run's
+    job = replace(job, cache_dir=job.cache_dir or default_cache_dir())  # profile and runs alike
     cluster, steps = job.cluster, job.steps
     validation = default_validation(steps, every=val_every, batches=val_batches)
     with (
@@ -231,9 +230,7 @@ def simulate(
         tempfile.TemporaryDirectory(prefix="hetsched-init-") as start_dir,
     ):
         restore = _hf_start(init_from, job.model, start_dir)
-        profile = _profile(
-            job, strategies, cache_dir=cache_dir, refresh=refresh, pool=pool, progress=progress
-        )
+        profile = _profile(job, strategies, refresh=refresh, pool=pool, progress=progress)
         first = RunBuilder(
             job=job,
             profile=profile.at_precision(precision),
@@ -251,7 +248,7 @@ def simulate(
             )
             for strategy in strategies
         ]
-        pace = _pace_check(job, profile, runs, cache_dir)
+        pace = _pace_check(job, profile, runs)
         for r in runs:
             r["trusted"] = not pace.untrusted(r["strategy"])
         return {
@@ -269,9 +266,7 @@ def simulate(
         }
 
 
-def _pace_check(
-    job: TrainJob, profile: Profile, runs: list[dict[str, Any]], cache_dir: Path
-) -> Any:
+def _pace_check(job: TrainJob, profile: Profile, runs: list[dict[str, Any]]) -> Any:
     """Whether the devices kept their pace: in the profile, and in each data-parallel run
     that kept its first plan (its devices' busy time against the plan's)."""
     from workers.profiler import simulation_pace
@@ -285,7 +280,7 @@ def _pace_check(
             (d["id"], d["busy_s"], planned[d["id"]]) for d in r["devices"] if d["id"] in planned
         ]
         judged.append((r["strategy"], busy))
-    return simulation_pace(job.cluster, job.model, profile, runs=judged, cache_dir=cache_dir)
+    return simulation_pace(job.cluster, job.model, profile, runs=judged, cache_dir=job.cache_dir)
 
 
 @contextmanager
@@ -318,7 +313,6 @@ def _profile(
     job: TrainJob,
     strategies: list[str],
     *,
-    cache_dir: Path,
     refresh: bool,
     pool: WorkerPool,
     progress: Progress,
@@ -332,7 +326,7 @@ def _profile(
     profile = profile_cluster(
         job.cluster,
         job.model,
-        cache_dir=cache_dir,
+        cache_dir=job.cache_dir,
         refresh=refresh,
         layers="auto" if wants_layers else None,
         pool=pool,
