@@ -15,6 +15,7 @@ HTTP middleware of each request.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -64,23 +65,17 @@ class Telemetry:
         )
         for kind in EVENT_KINDS:
             self.events.labels(kind)
-        self.checkpoint_seconds = Histogram(
+        slow = functools.partial(Histogram, buckets=SLOW_BUCKETS_S, registry=registry)
+        self.checkpoint_seconds = slow(
             "hetsched_checkpoint_duration_seconds",
             "From the end of a step to its checkpoint being complete.",
-            buckets=SLOW_BUCKETS_S,
-            registry=registry,
         )
-        self.recovery_seconds = Histogram(
+        self.recovery_seconds = slow(
             "hetsched_recovery_duration_seconds",
             "From noticing a failure to the end of the first step after it.",
-            buckets=SLOW_BUCKETS_S,
-            registry=registry,
         )
-        self.queue_wait_seconds = Histogram(
-            "hetsched_queue_wait_seconds",
-            "From a job's submission to its first start.",
-            buckets=SLOW_BUCKETS_S,
-            registry=registry,
+        self.queue_wait_seconds = slow(
+            "hetsched_queue_wait_seconds", "From a job's submission to its first start."
         )
         self.http_requests = Counter(
             "hetsched_http_requests",
