@@ -30,28 +30,21 @@ from api.schemas.schedule import SchedulePublic
 from api.schemas.users import AuditPublic, Me, ProjectPublic, UserCreated, UserPublic
 from api.states import JobState
 from hetsched import accounts, calls
-from hetsched.calls import Call, Event, Metrics, Retry, Tail
-from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
+from hetsched.calls import Call, Event, Metrics, Tail
+from hetsched.errors import JobFailed, WaitTimeout
 from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(calls.Connection[httpx.AsyncClient]):
     """A connection to one hetsched service for asyncio; ``async with AsyncClient() as c``.
     Arguments, defaults, answers and errors as :class:`hetsched.Client`'s."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        token: str | None = None,
-        timeout_s: float = 30.0,
-        retry: Retry | None = None,
-    ) -> None:
-        self.url, base_url, headers = calls.endpoint(url, token)
-        self.retry = retry or Retry()
-        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
+    def _connect(
+        self, *, base_url: str, headers: dict[str, str], timeout: float
+    ) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -63,26 +56,17 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, call: Call[Any], *, stream: bool = False) -> httpx.Response:
-        waits_s = self.retry.waits_s()
+        tries = self._tries(call)
         while True:
-            request = self._http.build_request(
-                call.method, call.path, params=call.params, json=call.body, content=call.content
-            )
             try:
-                response = await self._http.send(request, stream=stream)
+                response = await self._http.send(tries.request(self._http), stream=stream)
             except httpx.TransportError as exc:
-                wait_s = calls.next_wait_s(call, waits_s, exc=exc)
-                if wait_s is None:
-                    raise ConnectionFailed(self.url, exc) from exc
-                await asyncio.sleep(wait_s)
+                await asyncio.sleep(tries.wait_after_error(exc))
                 continue
             if response.status_code < 400:
                 return response
             await response.aread()
-            wait_s = calls.next_wait_s(call, waits_s, response=response)
-            if wait_s is None:
-                raise calls.error_of(response)
-            await asyncio.sleep(wait_s)
+            await asyncio.sleep(tries.wait_after_refusal(response))
 
     async def _run(self, call: Call[T]) -> T:
         return call.read(await self._send(call))

@@ -14,6 +14,7 @@ import json
 import os
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +41,12 @@ from api.schemas.plans import PlanCreate, PlanPreview
 from api.schemas.schedule import SchedulePublic
 from api.schemas.service import Message
 from api.states import JobState
-from hetsched.errors import STATUS_ERRORS, APIError
+from hetsched.errors import STATUS_ERRORS, APIError, ConnectionFailed
 from scheduler.errors import HetschedError
 
 T = TypeVar("T")
 Model = TypeVar("Model", bound=BaseModel)
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 DEFAULT_URL = "http://127.0.0.1:8000"
 API_PREFIX = "/api/v1"
 
@@ -114,22 +116,59 @@ def _retryable(call: Call[Any], exc: Exception | None, status: int) -> bool:
     return status == 503 or isinstance(exc, httpx.TransportError)
 
 
-def next_wait_s(
-    call: Call[Any],
-    waits_s: Iterator[float],
-    *,
-    exc: Exception | None = None,
-    response: httpx.Response | None = None,
-) -> float | None:
-    """Seconds to wait before trying ``call`` again after this failure (a transport error
-    ``exc`` or an error ``response``); None: give up. A 503's ``Retry-After`` counts."""
-    status = response.status_code if response is not None else 0
-    if not _retryable(call, exc, status):
-        return None
-    wait_s = next(waits_s, None)
-    if wait_s is not None and response is not None:
-        wait_s = max(wait_s, min(retry_after_s(response) or 0.0, 30.0))
-    return wait_s
+class Tries:
+    """One call's tries: the request to send each time, and after each failure how long to
+    wait before the next (:attr:`Retry.waits_s`, a 503's ``Retry-After`` counted) or, once
+    no try is left or the failure is not one to retry, the typed error to raise."""
+
+    def __init__(self, call: Call[Any], *, url: str, retry: Retry) -> None:
+        self.call, self.url = call, url
+        self._waits_s = retry.waits_s()
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        c = self.call
+        return http.build_request(c.method, c.path, params=c.params, json=c.body, content=c.content)
+
+    def wait_after_error(self, exc: httpx.TransportError) -> float:
+        """Seconds before the next try after ``exc``; raises :class:`ConnectionFailed`."""
+        wait_s = next(self._waits_s, None) if _retryable(self.call, exc, 0) else None
+        if wait_s is None:
+            raise ConnectionFailed(self.url, exc) from exc
+        return wait_s
+
+    def wait_after_refusal(self, response: httpx.Response) -> float:
+        """Seconds before the next try after an answer of 400 or more (read whole);
+        raises its :func:`error_of`."""
+        status = response.status_code
+        wait_s = next(self._waits_s, None) if _retryable(self.call, None, status) else None
+        if wait_s is None:
+            raise error_of(response)
+        return max(wait_s, min(retry_after_s(response) or 0.0, 30.0))
+
+
+class Connection(ABC, Generic[H]):
+    """What :class:`hetsched.Client` and :class:`hetsched.AsyncClient` are built from: the
+    service's address, the retry rule and one ``httpx`` client ``H`` that carries the token."""
+
+    _http: H
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retry: Retry | None = None,
+    ) -> None:
+        self.url, base_url, headers = endpoint(url, token)
+        self.retry = retry or Retry()
+        self._http = self._connect(base_url=base_url, headers=headers, timeout=timeout_s)
+
+    @abstractmethod
+    def _connect(self, *, base_url: str, headers: dict[str, str], timeout: float) -> H: ...
+
+    def _tries(self, call: Call[Any]) -> Tries:
+        return Tries(call, url=self.url, retry=self.retry)
 
 
 def retry_after_s(response: httpx.Response) -> float | None:

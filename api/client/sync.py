@@ -31,14 +31,14 @@ from api.schemas.schedule import SchedulePublic
 from api.schemas.users import AuditPublic, Me, ProjectPublic, UserCreated, UserPublic
 from api.states import JobState
 from hetsched import accounts, calls
-from hetsched.calls import Call, Event, Metrics, Retry, Tail
-from hetsched.errors import ConnectionFailed, JobFailed, WaitTimeout
+from hetsched.calls import Call, Event, Metrics, Tail
+from hetsched.errors import JobFailed, WaitTimeout
 from hetsched.files import export_checkpoint, extract_checkpoint, read_upload
 
 T = TypeVar("T")
 
 
-class Client:
+class Client(calls.Connection[httpx.Client]):
     """A connection to one hetsched service; a context manager (``with Client() as c``).
 
     ``url`` defaults to ``$HETSCHED_URL`` (else http://127.0.0.1:8000); ``token`` to
@@ -47,17 +47,8 @@ class Client:
     ``retry`` says.
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        token: str | None = None,
-        timeout_s: float = 30.0,
-        retry: Retry | None = None,
-    ) -> None:
-        self.url, base_url, headers = calls.endpoint(url, token)
-        self.retry = retry or Retry()
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+    def _connect(self, *, base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:
+        return httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -70,26 +61,17 @@ class Client:
 
     def _send(self, call: Call[Any], *, stream: bool = False) -> httpx.Response:
         """The answer to ``call`` (status below 400), after the retries ``retry`` allows."""
-        waits_s = self.retry.waits_s()
+        tries = self._tries(call)
         while True:
-            request = self._http.build_request(
-                call.method, call.path, params=call.params, json=call.body, content=call.content
-            )
             try:
-                response = self._http.send(request, stream=stream)
+                response = self._http.send(tries.request(self._http), stream=stream)
             except httpx.TransportError as exc:
-                wait_s = calls.next_wait_s(call, waits_s, exc=exc)
-                if wait_s is None:
-                    raise ConnectionFailed(self.url, exc) from exc
-                time.sleep(wait_s)
+                time.sleep(tries.wait_after_error(exc))
                 continue
             if response.status_code < 400:
                 return response
             response.read()
-            wait_s = calls.next_wait_s(call, waits_s, response=response)
-            if wait_s is None:
-                raise calls.error_of(response)
-            time.sleep(wait_s)
+            time.sleep(tries.wait_after_refusal(response))
 
     def _run(self, call: Call[T]) -> T:
         return call.read(self._send(call))
