@@ -34,7 +34,6 @@ from workers.cluster.placement import check_placement, live_nodes
 from workers.session import (
     Checkpointing,
     CheckpointStore,
-    OptimizerConfig,
     Recorder,
     RunConfig,
     WorkerPool,
@@ -55,7 +54,6 @@ CLUSTER = with_ray_nodes(
         }
     )
 )
-OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS = 4, 8
 DP = manual_plan([("node-a/0", 6, 6), ("node-b/0", 2, 2), ("node-a/1", 4, 2)])
 LOSE_AT_STEP = 4
@@ -119,7 +117,7 @@ def test_a_ray_node_removed_mid_job_is_planned_around_and_training_is_unchanged(
     ray_nodes, pool, cache_dir, tmp_path
 ) -> None:
     cluster, nodes = ray_nodes
-    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED, optimizer=OPT)
+    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED)
     reference = train(job, DP, pool=pool).losses
     shared = tmp_path / "shared-volume"
 

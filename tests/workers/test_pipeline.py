@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
 SMALL = make_cluster(["A100-80GB", "A100-40GB"], memory_scale=0.0003)
 """Under this memory scale the 40 GB device cannot hold gpt-tiny's states and activations."""
-OPT = OptimizerConfig(lr=3e-3)
+OPT = OptimizerConfig()
 SEED, STEPS, BATCH = 3, 3, 12
 
 

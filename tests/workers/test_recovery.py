@@ -16,7 +16,6 @@ from tests.support import MIXED_CLUSTER, manual_plan, pipeline_stage, tiny_job
 from workers.session import (
     Checkpointing,
     CheckpointStore,
-    OptimizerConfig,
     Recorder,
     RunConfig,
     TrainJob,
@@ -26,7 +25,6 @@ from workers.session import (
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH = 4, 8, 12
 DP = manual_plan([("a/0", 6, 6), ("a/1", 2, 2), ("a/2", 4, 2)])
 WITHOUT_T4 = manual_plan([("a/0", 8, 8), ("a/2", 4, 4)])
@@ -71,7 +69,7 @@ def reference(pool, cache_dir):
 
 def _job(cache_dir, steps: int = STEPS) -> TrainJob:
     """What every run of this module trains: the cluster, model, seed and optimizer."""
-    return tiny_job(MIXED_CLUSTER, cache_dir, steps=steps, seed=SEED, optimizer=OPT)
+    return tiny_job(MIXED_CLUSTER, cache_dir, steps=steps, seed=SEED)
 
 
 def _durable(tmp_path, name: str, every: int = 2, max_failures: int = 0) -> RunConfig:

@@ -26,8 +26,6 @@ from workers.session import (
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-OPT = OptimizerConfig(lr=3e-3)
-
 
 def _job(cache_dir, *, steps: int, seed: int, **fields: Any) -> TrainJob:
     """gpt-tiny on this module's cluster; ``fields`` as :class:`TrainJob`'s."""
@@ -38,7 +36,7 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
     """Parameters after 4 AdamW steps of a 7/2/3 split (with accumulation) equal full batch."""
     plan = manual_plan([("a/0", 7, 4), ("a/1", 2, 1), ("a/2", 3, 3)])
     result = train(
-        _job(cache_dir, steps=4, seed=5, optimizer=OPT, dtype="float64"),
+        _job(cache_dir, steps=4, seed=5, dtype="float64"),
         plan,
         pool=mixed_pool,
         config=RunConfig(keep_state=True),
@@ -48,7 +46,7 @@ def test_uneven_three_device_split_matches_single_process_training(cache_dir, mi
     model.load_state_dict(result.state["model"])
     got = torch.cat([p.detach().flatten() for p in model.parameters()])
     reference, _ = single_device_training(
-        TINY, OPT, seed=5, steps=4, global_batch=12, dtype=torch.float64
+        TINY, OptimizerConfig(), seed=5, steps=4, global_batch=12, dtype=torch.float64
     )
     want = torch.cat([p.detach().flatten() for p in reference.parameters()])
     assert (got - want).abs().max().item() < 1e-5

@@ -20,7 +20,6 @@ from workers.session import (
 )
 
 CLUSTER = make_cluster(["A100-80GB", "A100-80GB", "A100-80GB"])
-OPT = OptimizerConfig(lr=3e-3)
 SEED, STEPS, BATCH, VAL_BATCHES = 2, 3, 12, 2
 EVERY = 2
 """Evaluated after steps 1 and 2 (the last)."""
@@ -55,8 +54,9 @@ def single_device_val_losses() -> dict[int, float]:
     """Full-batch training in this process, evaluated on every validation window after
     steps 1 and 2: what every plan must report."""
     model = GPT(TINY, seed=SEED).double()
+    c = OptimizerConfig()  # what the job trains with
     opt = torch.optim.AdamW(
-        model.parameters(), lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), weight_decay=OPT.weight_decay
+        model.parameters(), lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay
     )
     train_data = ByteDataset(None, seq_len=TINY.seq_len)
     val = ByteDataset(None, seq_len=TINY.seq_len, split="val")
@@ -91,7 +91,7 @@ def pool(mixed_pool: WorkerPool) -> WorkerPool:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_validation_loss_is_the_same_whatever_the_split(name: str, reference, pool, cache_dir):
     hooks = Recorder()
-    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED, optimizer=OPT, dtype="float64")
+    job = tiny_job(CLUSTER, cache_dir, steps=STEPS, seed=SEED, dtype="float64")
     result = train(
         job,
         PLANS[name],
