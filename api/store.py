@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
@@ -564,11 +563,11 @@ class JobStore:
         step_s: float,
         samples_per_s: float,
         devices: list[dict[str, Any]],
-        step_times_s: list[float],
+        measured_step_s: float,
         val_loss: float | None = None,
     ) -> None:
-        """Store one step and refresh the job's aggregates (median after the warm-up step)."""
-        warm = step_times_s[1:] or step_times_s
+        """Store one step and refresh the job's aggregates: its steps done, latest loss and
+        ``measured_step_s`` (the runner's median step time after the warm-up step)."""
         with self._tx() as session:
             session.merge(
                 StepRow(
@@ -588,7 +587,7 @@ class JobStore:
                 .values(
                     steps_done=step + 1,
                     last_loss=loss,
-                    measured_step_s=statistics.median(warm),
+                    measured_step_s=measured_step_s,
                 )
             )
 

@@ -8,6 +8,7 @@ step, checkpoint, recovery, re-plan, restart and host-bound notice goes to the j
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -234,6 +235,36 @@ class JobRunner:
         return info
 
 
+class RunningMedian:
+    """The median of the step times after a run's first (its warm-up), or the first alone
+    while there is no other, kept in O(log n) a step: two heaps, the lower half negated
+    (the classic two-heap running median), where re-sorting every step's time at every step
+    cost a long job O(n log n) a step."""
+
+    def __init__(self) -> None:
+        self._first: float | None = None
+        self._low: list[float] = []  # the smaller half, negated: -low[0] is its largest
+        self._high: list[float] = []  # the larger half: high[0] is its smallest
+
+    def add(self, x: float) -> None:
+        if self._first is None:
+            self._first = x
+            return
+        heapq.heappush(self._low, -heapq.heappushpop(self._high, x))
+        if len(self._low) > len(self._high):
+            heapq.heappush(self._high, -heapq.heappop(self._low))
+
+    @property
+    def value(self) -> float:
+        if not self._high:
+            if self._first is None:
+                raise ValueError("RunningMedian: no value yet")
+            return self._first
+        if len(self._high) > len(self._low):
+            return self._high[0]
+        return (self._high[0] - self._low[0]) / 2
+
+
 @dataclass(kw_only=True, slots=True)
 class JobHooks:
     """What one run of a job reports, written to the job store, its log and its
@@ -243,14 +274,14 @@ class JobHooks:
     runner: JobRunner
     job: JobRecord
     live: LiveJob
-    step_times_s: list[float] = field(default_factory=list)
-    """Every step's time so far, for the job's median."""
+    median_step_s: RunningMedian = field(default_factory=RunningMedian)
+    """This run's step times so far, for the job's measured step time."""
     step_ended: float = 0.0
     """``time.monotonic()`` at the latest step's end: a checkpoint's duration starts there."""
 
     def on_step(self, m: StepMetrics) -> None:
         job_id, steps = self.job.id, self.job.spec.steps
-        self.step_times_s.append(m.step_s)
+        self.median_step_s.add(m.step_s)
         self.runner.store.add_step(
             job_id,
             step=m.step,
@@ -258,7 +289,7 @@ class JobHooks:
             step_s=m.step_s,
             samples_per_s=m.samples_per_s,
             devices=[d.to_dict() for d in m.devices],
-            step_times_s=self.step_times_s,
+            measured_step_s=self.median_step_s.value,
             val_loss=m.val_loss,
         )
         live = self.live

@@ -157,7 +157,7 @@ def test_stop_ends_a_running_job_that_no_runner_has(offline: TestClient) -> None
     job = offline.post(JOBS, json={**TINY, "steps": 50}).json()
     assert store.start(job["id"], ["node-a/0"])
     store.add_step(
-        job["id"], step=6, loss=3.0, step_s=0.1, samples_per_s=80, devices=[], step_times_s=[0.1]
+        job["id"], step=6, loss=3.0, step_s=0.1, samples_per_s=80, devices=[], measured_step_s=0.1
     )
     stopped = offline.post(f"{JOBS}/{job['id']}/stop")
     assert stopped.status_code == 200

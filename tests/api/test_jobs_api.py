@@ -174,7 +174,7 @@ def test_records_survive_a_restart_and_running_jobs_stay_running(
             step_s=0.2,
             samples_per_s=80.0,
             devices=[],
-            step_times_s=[0.2],
+            measured_step_s=0.2,
         )
     with app_client() as client:
         jobs = {j["name"]: j for j in client.get(JOBS).json()["data"]}

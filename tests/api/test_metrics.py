@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import statistics
 import subprocess
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.execution.job_runner import JobHooks, JobRunner
+from api.execution.job_runner import JobHooks, JobRunner, RunningMedian
 from api.execution.ledger import LiveJob
 from workers.records import DeviceStep, HostBound, Recovery, StepMetrics
 
@@ -206,3 +209,27 @@ def test_a_host_bound_job_shows_one_event_and_one_warning(offline: TestClient) -
     logs = offline.get(f"{JOBS}/{job_id}/logs").json()["data"]
     assert [line["level"] for line in logs if line["message"] == notice.message()] == ["WARNING"]
     assert _scrape(offline)["hetsched_job_events"][(("kind", "host_bound"),)] == 1
+
+
+def test_the_jobs_step_time_is_the_median_after_its_warm_up_step(offline: TestClient) -> None:
+    """``measured_step_s`` as the API shows it: the first step alone, then the median of
+    the steps after it, kept step by step (not re-sorted from every step's time)."""
+    job_id = offline.post(JOBS, json={"steps": 6, "global_batch": 4}).json()["id"]
+    hooks = _hooks(offline, job_id)
+    seen = []
+    for step, step_s in enumerate((5.0, 0.3, 0.1, 0.2, 0.9)):
+        hooks.on_step(replace(_step(step, 1.0), step_s=step_s))
+        seen.append(offline.get(f"{JOBS}/{job_id}").json()["measured_step_s"])
+    assert seen == pytest.approx([5.0, 0.3, 0.2, 0.2, 0.25])
+
+
+def test_the_running_median_agrees_with_statistics_median() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        times = [
+            rng.choice((rng.random(), rng.random() * 10, 1.0)) for _ in range(rng.randint(1, 40))
+        ]
+        median = RunningMedian()
+        for n, x in enumerate(times, start=1):
+            median.add(x)
+            assert median.value == pytest.approx(statistics.median(times[1:n] or times[:1]))

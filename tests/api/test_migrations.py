@@ -223,7 +223,7 @@ def test_the_store_keeps_what_a_job_records(db_url: str) -> None:
             step_s=0.5,
             samples_per_s=16.0,
             devices=[{"id": "node-a/0", "busy_s": 0.4, "wait_s": 0.1, "peak_bytes": 10**10}],
-            step_times_s=[0.5, 0.5],
+            measured_step_s=0.5,
             val_loss=None if step == 0 else 4.0,
         )
     store.log(job.id, "INFO", "x" * 10_000)  # a long message: TEXT, not VARCHAR
