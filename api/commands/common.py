@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from api.commands import COMMANDS
+from api.core.clusters import bundled_cluster_names, cluster_argument
 from scheduler.models.presets import PRESETS
 
 Runner = Callable[[argparse.Namespace], int]
@@ -34,10 +35,16 @@ def add_command(subparsers: Any, name: str, run: Runner | None = None) -> argpar
 def add_cluster_argument(
     parser: argparse.ArgumentParser, more: str = "", *, default: Path | None = None
 ) -> None:
-    """``--cluster FILE``, a cluster spec (DESIGN.md's "Cluster spec"); ``more`` ends its help."""
+    """``--cluster FILE``, a cluster spec (DESIGN.md's "Cluster spec") or a bundled
+    example's name; ``more`` ends its help."""
     parser.add_argument(
-        "--cluster", metavar="FILE", type=Path, default=default, help=f"cluster spec (YAML){more}"
+        "--cluster", metavar="FILE", type=cluster_argument, default=default, help=cluster_help(more)
     )
+
+
+def cluster_help(more: str = "") -> str:
+    """``--cluster``'s help: a spec file or a bundled example, then ``more``."""
+    return f"cluster spec (YAML), or a bundled one: {', '.join(bundled_cluster_names())}{more}"
 
 
 def add_data_dir_argument(parser: argparse.ArgumentParser, *, help: str) -> None:

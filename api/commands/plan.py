@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from api.commands.common import add_command, model_help
+from api.commands.common import add_command, cluster_help, model_help
+from api.core.clusters import cluster_argument
 from scheduler.cost.profile import DEFAULT_EFFICIENCY, Profile, analytic_profile, load_profile
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
@@ -35,7 +36,9 @@ BAR_WIDTH = 20
 
 def add_parser(subparsers: Any) -> None:
     parser = add_command(subparsers, "plan", run)
-    parser.add_argument("--cluster", metavar="FILE", help="cluster spec (YAML); needs --model")
+    parser.add_argument(
+        "--cluster", metavar="FILE", type=cluster_argument, help=cluster_help("; needs --model")
+    )
     parser.add_argument(
         "--model", metavar="PRESET", help=model_help("with --cluster, a model preset")
     )

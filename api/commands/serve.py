@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from api.commands.common import add_command
+from api.core.clusters import cluster_argument
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import load_cluster
 from scheduler.policy.types import POLICIES
@@ -47,9 +48,9 @@ def add_parser(subparsers: Any) -> None:
     parser = add_command(subparsers, "serve", run)
     parser.add_argument(
         "--cluster",
-        type=Path,
-        help="cluster spec to simulate: on a local Ray, or with --ray-address on the "
-        "Ray nodes the spec names",
+        type=cluster_argument,
+        help="cluster spec to simulate, or a bundled one's name: on a local Ray, or with "
+        "--ray-address on the Ray nodes the spec names",
     )
     parser.add_argument(
         "--ray-address",

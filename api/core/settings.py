@@ -6,22 +6,14 @@ and handed to :func:`api.app.create_app`; nothing here runs at import.
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from api.core.clusters import bundled_cluster
 from scheduler.policy.types import DEFAULT_POLICY, PolicyName
-
-
-def bundled_cluster(name: str) -> Path:
-    """A cluster spec shipped inside the package (``api/clusters/NAME``, linked from
-    ``deploy/clusters/`` in a checkout), found by :mod:`importlib.resources` so that a
-    wheel or a non-editable install has it too."""
-    return Path(str(files("api") / "clusters" / name))
-
 
 DEFAULT_CLUSTER = bundled_cluster("local-sim.yaml")
 API_PREFIX = "/api/v1"

@@ -130,6 +130,36 @@ def test_bad_input_is_one_line_and_exit_2(
     assert expected in err
 
 
+def test_a_bundled_cluster_is_named_without_its_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From any directory, ``--cluster cephalo-mix`` is the spec shipped with hetsched; a
+    file of that name in the directory would win."""
+    monkeypatch.chdir(tmp_path)
+    args = ("--model", "gpt2-small", "--global-batch", "16", "--json")
+    by_name = run_cli(capsys, "plan", "--cluster", "cephalo-mix", *args)
+    by_path = run_cli(
+        capsys, "plan", "--cluster", str(MIXED_LAB.parent / "cephalo-mix.yaml"), *args
+    )
+    assert by_name[0] == 0 and by_name == by_path
+    (tmp_path / "cephalo-mix").write_text(MIXED_LAB.read_text())
+    mine = run_cli(capsys, "plan", "--cluster", "cephalo-mix", *args)
+    assert mine[0] == 0 and json.loads(mine[1])["devices"] != json.loads(by_name[1])["devices"]
+
+
+def test_a_name_that_is_no_file_and_no_bundled_cluster_lists_the_bundled_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--cluster", "cephalo", "--model", "gpt2-small", "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "hetsched: error: plan: argument --cluster: no file 'cephalo' and no bundled spec of "
+        "that name; bundled: cephalo-mix, cloud-mix, "
+    )
+
+
 @pytest.mark.parametrize("batch", ["0", "-4"])
 def test_global_batch_below_one(capsys: pytest.CaptureFixture[str], batch: str) -> None:
     args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", batch)
