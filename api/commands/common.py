@@ -2,8 +2,8 @@
 :data:`api.commands.COMMANDS`), and the arguments that mean the same in each (the
 cluster spec, the model, the profile cache, the service's data directory).
 
-Only ``scheduler/`` and the command table are imported, so ``hetsched plan`` stays free
-of torch and ray.
+Only ``scheduler/``, the command table and :mod:`api.core.clusters` are imported, so
+``hetsched plan`` stays free of torch and ray.
 """
 
 from __future__ import annotations
