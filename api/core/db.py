@@ -55,6 +55,11 @@ def _time(*, nullable: bool = False, index: bool | None = None) -> MappedColumn[
     return mapped_column(DateTime(timezone=True), nullable=nullable, index=index)
 
 
+def _serial() -> MappedColumn[int]:
+    """A row's own key, numbered by the database in insertion order."""
+    return mapped_column(Integer, primary_key=True, autoincrement=True)
+
+
 def _job_id(*, primary_key: bool = False, index: bool = False) -> MappedColumn[str]:
     """The job a row belongs to; deleting the job deletes its rows."""
     return mapped_column(
@@ -115,7 +120,7 @@ class LogRow(Base):
 
     __tablename__ = "job_logs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = _serial()
     job_id: Mapped[str] = _job_id(index=True)
     time: Mapped[datetime] = _time()
     level: Mapped[str] = mapped_column(String(8))
@@ -125,7 +130,7 @@ class LogRow(Base):
 class ProfileRow(Base):
     __tablename__ = "profiles"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = _serial()
     key: Mapped[str] = mapped_column(String(400), unique=True)
     """cluster name + model + device set: one row per distinct measurement."""
     model: Mapped[str] = mapped_column(String(100))
@@ -140,7 +145,7 @@ class EventRow(Base):
 
     __tablename__ = "job_events"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = _serial()
     job_id: Mapped[str] = _job_id(index=True)
     time: Mapped[datetime] = _time()
     kind: Mapped[str] = mapped_column(String(16))
@@ -215,7 +220,7 @@ class AuditRow(Base):
 
     __tablename__ = "audit"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = _serial()
     time: Mapped[datetime] = _time(index=True)
     actor: Mapped[str] = mapped_column(String(64))
     action: Mapped[str] = mapped_column(String(32), index=True)
