@@ -167,9 +167,15 @@ class FlatUnit:
         return self.numel * self.full.element_size()
 
     def install(self) -> None:
-        """Point the modules' parameter attributes at views of the gathered buffer."""
-        for slot in self.slots:
-            view = self.full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+        """Point the modules' parameter attributes at views of the gathered buffer.
+
+        One ``split`` for the unit (its slots are contiguous, in order), not a slice per
+        parameter: autograd then builds the unit's gradient as one concatenation, where a
+        slice's backward pads each parameter's gradient to the whole unit, zeros and an
+        addition of the unit's size per parameter (3.5 of gpt-tiny's 26 ms a pass)."""
+        views = self.full.split([slot.numel for slot in self.slots])
+        for slot, flat in zip(self.slots, views, strict=True):
+            view = flat.view(slot.shape)
             for module, attr in slot.locations:
                 setattr(module, attr, view)
 
