@@ -75,10 +75,11 @@ class DeviceStep:
     """Time waiting at the all-reduce / pipeline."""
     peak_bytes: int
     compute_ratio: float | None = None
-    """A simulated device's real compute over the time it was paced to this step; well
-    over 1 the host could not keep its GPU's pace (:func:`workers.run.pace.host_bound`).
-    None on a real GPU, a fully-sharded rank (its passes wait for its peers inside them),
-    a rank without samples, and in step records written before it was measured."""
+    """A simulated device's real compute over the time it was paced to this step (a
+    fully-sharded rank's less its passes' time in collectives, where it waits for its
+    peers); well over 1 the host could not keep its GPU's pace
+    (:func:`workers.run.pace.host_bound`). None on a real GPU, a rank without samples,
+    and in step records written before it was measured."""
 
     def to_dict(self) -> dict[str, Any]:
         """As a job's step record and ``hetsched simulate --json`` list it."""

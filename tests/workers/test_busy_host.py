@@ -211,19 +211,28 @@ def pinned(pid: int, core: int) -> Iterator[None]:
                 os.sched_setaffinity(tid, cores)
 
 
-def _job(cache_dir, pool, steps: int, watch=None):
+SPLITS = {
+    "dp": manual_plan([("a/0", 4, 4), ("a/2", 2, 2)]),
+    "fsdp": manual_plan([("a/0", 4, 4, 0.6), ("a/2", 2, 2, 0.4)], strategy="fsdp"),
+}
+"""The A100 and the L4 of the module's pool, uneven; fully sharded, every pass waits in
+its all-gathers for the slower rank, which the pace check must not count as compute."""
+
+
+def _job(cache_dir, pool, steps: int, watch=None, *, strategy: str = "dp"):
     """gpt-tiny on the A100 and the L4 of the module's pool, every hook recorded."""
     from workers.session import Recorder, TrainJob, train
 
     hooks = Recorder(watch)
-    plan = manual_plan([("a/0", 4, 4), ("a/2", 2, 2)])
+    plan = SPLITS[strategy]
     job = TrainJob(cluster=MIXED_CLUSTER, model=TINY, steps=steps, seed=0, cache_dir=cache_dir)
     train(job, plan, pool=pool, hooks=hooks)
     return hooks
 
 
+@pytest.mark.parametrize("strategy", sorted(SPLITS))
 def test_a_job_whose_host_cannot_keep_its_gpus_pace_says_so_once(
-    cache_dir, mixed_pool, monkeypatch
+    cache_dir, mixed_pool, monkeypatch, strategy
 ) -> None:
     """At margin 1 the A100's paced time is the host's bare compute; from step 1 its worker
     shares a core with two busy loops, so it cannot meet it: every step marks it, and
@@ -237,7 +246,13 @@ def test_a_job_whose_host_cannot_keep_its_gpus_pace_says_so_once(
                 stack.enter_context(pinned(mixed_pool.pids()["a/0"], core))
                 stack.enter_context(burning(BURNERS, core=core, beside=False))
 
-        hooks = _job(cache_dir, mixed_pool, steps=HOST_BOUND_STEPS + 1, watch=crowd_the_a100)
+        hooks = _job(
+            cache_dir,
+            mixed_pool,
+            steps=HOST_BOUND_STEPS + 1,
+            watch=crowd_the_a100,
+            strategy=strategy,
+        )
     (notice,) = hooks.host_bound
     streak = hooks.steps[notice.step - HOST_BOUND_STEPS + 1 : notice.step + 1]
     assert len(streak) == HOST_BOUND_STEPS
@@ -250,16 +265,50 @@ def test_a_job_whose_host_cannot_keep_its_gpus_pace_says_so_once(
     assert hooks.steps[-1].devices[0].to_dict()["compute_ratio"] > 1 + LAG_TOLERANCE  # JSON
 
 
+@pytest.mark.parametrize("strategy", sorted(SPLITS))
 def test_a_job_on_a_normal_margin_keeps_pace_and_says_nothing(
-    cache_dir, mixed_pool, monkeypatch
+    cache_dir, mixed_pool, monkeypatch, strategy
 ) -> None:
     """The margin from the live contention leaves every device's compute inside its pacing:
-    each step measures it (a ratio on every simulated device), and nothing is said."""
+    each step measures it (a ratio on every simulated device; fully sharded, less the
+    ranks' time in collectives, where the A100 waits for the L4), and nothing is said."""
     monkeypatch.delenv("HETSCHED_PACING_MARGIN", raising=False)
-    hooks = _job(cache_dir, mixed_pool, steps=HOST_BOUND_STEPS + 1)
+    hooks = _job(cache_dir, mixed_pool, steps=HOST_BOUND_STEPS + 1, strategy=strategy)
     assert hooks.host_bound == []
     ratios = [d.compute_ratio for m in hooks.steps[1:] for d in m.devices]
     assert all(r is not None and 0 < r <= 1 + LAG_TOLERANCE for r in ratios), ratios
+
+
+def test_a_sharded_ranks_time_in_collectives_is_not_its_compute(monkeypatch) -> None:
+    """A fully-sharded rank's compute ratio leaves out its passes' time in collectives:
+    0.5 s of compute, 0.3 s of it blocked on an all-gather, against a 0.1 s paced
+    micro-batch is 2x its pace, not the 5x its raw compute reads."""
+    from types import SimpleNamespace
+
+    from workers.devices.calibration import HostCalibration
+    from workers.devices.device import StepUsage
+    from workers.runtime import shards
+    from workers.runtime.fsdp import FullyShardedEngine
+
+    clock = [0.0]
+    monkeypatch.setattr(shards, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Handle:  # a collective whose peers arrive 0.3 s after this rank awaits it
+        def wait(self) -> None:
+            clock[0] += 0.3
+
+    comm = shards.ShardComm(gather_group=None, reduce_group=None, padded=False)
+    shards.Pending(work=Handle(), comm=comm).wait()
+    assert comm.collective_s == pytest.approx(0.3)
+    engine = object.__new__(FullyShardedEngine)  # no process group: the arithmetic alone
+    host = HostCalibration(fixed_s=0.1, per_sample_s=0.0)
+    pacing = Pacing(margin=1.0, speed_ratio=1.0, host=host)
+    engine.device = SimulatedDevice(device_id="a/0", capacity_bytes=2**40, pacing=pacing)
+    engine.sizes, engine.pass_collective_s = [4], comm.collective_s
+    usage = StepUsage(busy_s=0.5, peak_bytes=0, compute_s=0.5)
+    assert engine.compute_ratio(usage) == pytest.approx(2.0)
+    engine.sizes = []  # a rank without samples
+    assert engine.compute_ratio(usage) is None
 
 
 def _step(step: int, ratio: float | None) -> StepMetrics:

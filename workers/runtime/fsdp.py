@@ -23,6 +23,11 @@ What it runs, and what the planner models (DESIGN.md, "Sharded states"):
   slices summed over the group; validation as the other engines.
 - HSDP (several sharding groups, ``shard_group``): each group shards as above, then
   the ranks owning one slice SUM-all-reduce their gradient slices once per step.
+- The pace check (:meth:`FullyShardedEngine.compute_ratio`): a pass's all-gathers and
+  reduce-scatters run inside it and wait there for the group's slowest rank, so the
+  time its paced passes spent in them
+  (:attr:`workers.runtime.shards.ShardComm.collective_s`) is taken off the device's
+  compute before it is compared with its paced time.
 - Checkpoints are the plan-independent format: the group gathers each unit's
   parameters and moments and one rank per unit (round robin) writes them under
   their whole-model names, so a job moves between ``dp``, ``fsdp`` and ``pp``.
@@ -31,6 +36,7 @@ What it runs, and what the planner models (DESIGN.md, "Sharded states"):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Any
 
@@ -56,7 +62,8 @@ class FullyShardedEngine(Engine):
     Owns, beyond :class:`Engine`'s: the rank's :class:`~workers.runtime.spec.ShardRole`,
     its :class:`~workers.runtime.shards.ShardedModel` (slices, gathered units and their
     schedule; AdamW steps its flat slice), the sharding group's two process groups
-    (all-gathers and reduce-scatters) and, with several groups, its replica group.
+    (all-gathers and reduce-scatters) and, with several groups, its replica group; and
+    the step's time in collectives inside its paced passes (:attr:`pass_collective_s`).
     """
 
     def __init__(self, run: RunSpec, rank: RankSpec, device: TorchDevice) -> None:
@@ -65,6 +72,9 @@ class FullyShardedEngine(Engine):
         self.role: ShardRole = rank.shard
         self.groups: list[Any] = []
         self.comm = self._form_groups(rank, device)
+        self.pass_collective_s = 0.0
+        """This step's wall time in collectives inside the device's paced passes (its idle
+        rounds' are outside them: not counted)."""
         super().__init__(run, rank, device)
         if isinstance(device, SimulatedDevice):
             device.states = self.sharded
@@ -126,8 +136,10 @@ class FullyShardedEngine(Engine):
             (loss * self.backward_scale).backward()
             self.sharded.finish_backward()
 
+        before_s = self.comm.collective_s
         loss, saved = device.forward(forward, model=model, micro_batch=size)
         device.backward(backward, micro_batch=size, saved_bytes=saved)
+        self.pass_collective_s += self.comm.collective_s - before_s
         return float(loss.detach())
 
     def step(self, step: int) -> RankStep:
@@ -138,6 +150,7 @@ class FullyShardedEngine(Engine):
         rounds = self._rounds(len(pairs))
         device.start_step()
         self.sharded.step_peak = 0
+        self.pass_collective_s = 0.0
         loss_sum = 0.0
         for i in range(rounds):
             if i < len(pairs):
@@ -164,10 +177,13 @@ class FullyShardedEngine(Engine):
         return self.record(loss=float(loss.item()), usage=usage, wait_s=wait_s, peak_bytes=peak)
 
     def compute_ratio(self, usage: StepUsage) -> float | None:
-        """Not measured: a pass's all-gathers wait inside it for the group's slowest rank,
-        so a fast rank's compute includes its peers' pacing (1.7x its own paced time on an
-        idle host) and would read as a host that cannot keep up."""
-        return None
+        """As :meth:`Engine.compute_ratio`, on the compute less the passes' time in
+        collectives: they wait for the group's slowest rank, so a fast rank's raw
+        compute includes its peers' pacing (1.7x its own paced time on an idle host) and
+        would read as a host that cannot keep up; and issuing them is communication,
+        which the pacing never paced."""
+        own_s = max(0.0, usage.compute_s - self.pass_collective_s)
+        return super().compute_ratio(dataclasses.replace(usage, compute_s=own_s))
 
     def gradients(self) -> list[torch.Tensor]:
         """The owned gradient slice: what the optimizer steps on and loss scaling checks."""
