@@ -31,12 +31,12 @@ from typing import Any
 from api.commands.common import add_cluster_argument, add_command
 from api.commands.plan import format_table
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
-from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
+from scheduler.clustersim.simulator import SimResult, SimSettings, replay_policy, simulate
 from scheduler.clustersim.trace import TraceJob, generate_trace, trace_to_csv
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
-from scheduler.policy.types import POLICIES, PolicyName, PolicySettings
+from scheduler.policy.types import POLICIES, PolicyName
 
 DEFAULTS = SimSettings()
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     settings = SimSettings(
         round_s=args.round_s,
         reallocation_s=args.reallocation_s,
-        policy=PolicySettings(reallocation_s=args.reallocation_s),
+        policy=replay_policy(reallocation_s=args.reallocation_s),
     )
     rates = PlannedRates.for_cluster(cluster)
     results = []

@@ -24,6 +24,19 @@ from scheduler.policy.rates import PlannedRates, job_rate
 from scheduler.policy.types import JobDemand, PolicyName, PolicySettings
 
 DONE_TOLERANCE = 1e-9
+REPLAY_SOLVER_TIME_LIMIT_S = 5.0
+"""A replay's HiGHS limit per decision, ten times the service's
+(:attr:`PolicySettings.solver_time_limit_s`): a search then stops at its node limit, not
+at a time that depends on the machine, so a replay gives the same JCTs on a busy laptop
+as on an idle server. With the service's 0.5 s binding (as under heavy load), ``fair``
+on Gavel's trace read 2.58 h of average JCT against 2.31 h. At 2,000 GPUs × 200 jobs
+``fair``'s program then closes its gap (3.9 s) where the service stops at its best found."""
+
+
+def replay_policy(**changes: Any) -> PolicySettings:
+    """The policy settings a replay decides with: the service's, but for the solver's
+    time limit (:data:`REPLAY_SOLVER_TIME_LIMIT_S`); ``changes`` set other fields."""
+    return PolicySettings(solver_time_limit_s=REPLAY_SOLVER_TIME_LIMIT_S, **changes)
 
 
 class SimulationError(HetschedError):
@@ -36,7 +49,7 @@ class SimSettings:
     """Seconds between scheduling rounds (besides arrivals and completions)."""
     reallocation_s: float = 60.0
     """Checkpoint + restart time charged when a running job's devices change."""
-    policy: PolicySettings = field(default_factory=PolicySettings)
+    policy: PolicySettings = field(default_factory=replay_policy)
 
     def __post_init__(self) -> None:
         if not (self.round_s > 0 and math.isfinite(self.round_s)):

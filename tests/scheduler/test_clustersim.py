@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.clustersim.simulator import SimResult, SimSettings, SimulationError, simulate
+from scheduler.clustersim.simulator import (
+    SimResult,
+    SimSettings,
+    SimulationError,
+    replay_policy,
+    simulate,
+)
 from scheduler.clustersim.trace import TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.policy.configs import ClusterClasses
@@ -204,9 +210,18 @@ def test_short_jobs_go_first_yet_a_long_one_never_waits_past_the_bound() -> None
         )
 
     trace = [at("long", 1, 5400)] + [at(f"s{i:02d}", 480 * i, 600) for i in range(16)]
-    settings = SimSettings(policy=PolicySettings(aging_s=0, max_wait_s=3600))
+    settings = SimSettings(policy=replay_policy(aging_s=0, max_wait_s=3600))
     goodput = simulate(cluster, trace, policy="goodput", rates=rates, settings=settings)
     fifo = simulate(cluster, trace, policy="fifo", rates=rates, settings=settings)
     long = next(j for j in goodput.jobs if j.name == "long")
     assert 3600 <= long.start_s <= 1 + 3600 + 600 + settings.round_s
     assert goodput.avg_jct_s < 0.8 * fifo.avg_jct_s
+
+
+def test_a_replay_decides_as_the_service_but_stops_its_searches_at_their_node_limit() -> None:
+    """The service's 0.5 s solver limit binds at a point that depends on the machine's
+    load; a replay's is ten times longer, so the node limit stops its searches and the
+    same trace gives the same JCTs on any machine. Everything else is the service's."""
+    replay, service = SimSettings().policy, PolicySettings()
+    assert replay.solver_time_limit_s >= 10 * service.solver_time_limit_s
+    assert replace(replay, solver_time_limit_s=service.solver_time_limit_s) == service
