@@ -1,7 +1,7 @@
 """A regular install (a wheel, ``pip install .``) carries the bundled cluster specs.
 
-``hetsched serve`` and ``simulate`` read the default spec through
-:func:`api.core.settings.bundled_cluster`; they used to look in the source tree
+``hetsched serve`` and ``simulate`` read the default spec, and ``--cluster NAME`` a bundled
+one, through :mod:`api.core.clusters`; they used to look in the source tree
 (``deploy/clusters/``), which a wheel does not have.
 """
 
@@ -20,11 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 LOAD_EVERY_SPEC = """
 import api
 from importlib.resources import files
-from api.core.settings import DEFAULT_CLUSTER, bundled_cluster
+from api.core.clusters import bundled_cluster, cluster_argument
+from api.core.settings import DEFAULT_CLUSTER
 from scheduler.hardware.cluster import load_cluster
 names = sorted(p.name for p in (files("api") / "clusters").iterdir() if p.name.endswith(".yaml"))
 print(api.__file__)
 print(load_cluster(DEFAULT_CLUSTER).name, *(load_cluster(bundled_cluster(n)).name for n in names))
+print(load_cluster(cluster_argument("cephalo-mix")).name)
 """
 
 
@@ -70,6 +72,7 @@ def test_the_wheel_carries_every_cluster_spec(tmp_path: Path) -> None:
         timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    where, names = run.stdout.splitlines()
+    where, names, by_name = run.stdout.splitlines()
     assert Path(where).is_relative_to(site)  # the installed copy answered, not the checkout
     assert names.split()[0] == "local-sim" and len(names.split()) == len(shipped) + 1
+    assert by_name == "cephalo-mix"  # --cluster NAME, from outside any checkout
