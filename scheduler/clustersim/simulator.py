@@ -28,10 +28,11 @@ REPLAY_SOLVER_TIME_LIMIT_S = 5.0
 """A replay's HiGHS limit per decision, ten times the service's
 (:attr:`PolicySettings.solver_time_limit_s`): a search then stops at its node limit, not
 at a time that depends on the machine, so a replay gives the same JCTs on a busy laptop
-as on an idle server while its searches take under 5 s there (the policy sweep's slowest,
-``fair`` at 16 jobs/h on the Gavel cluster, takes 1.5 s on an idle 2-core machine). With the service's 0.5 s binding (as under heavy load), ``fair``
-on Gavel's trace read 2.58 h of average JCT against 2.31 h. At 2,000 GPUs × 200 jobs
-``fair``'s program then closes its gap (3.9 s) where the service stops at its best found."""
+as on an idle server while its searches take under 5 s there (the policy sweep's
+slowest, ``fair`` at 16 jobs/h on the Gavel cluster, takes 1.5 s on an idle 2-core
+machine). With the service's 0.5 s binding (as under heavy load), ``fair`` on Gavel's
+trace read 2.58 h of average JCT against 2.31 h. At 2,000 GPUs × 200 jobs ``fair``'s
+program then closes its gap (3.9 s) where the service stops at its best found."""
 
 
 def replay_policy(**changes: Any) -> PolicySettings:
