@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from scheduler.errors import HetschedError
-from scheduler.hardware.catalogue import known_types, lookup
+from scheduler.errors import HetschedError, SpecError
+from scheduler.hardware.gpu_names import resolve_type
 from scheduler.models.presets import PRESETS
 from scheduler.policy.rates import Config, DeviceClass, PlannedRates
 
@@ -78,20 +78,16 @@ def _number(where: str, text: str, *, integer: bool, minimum: float, strict: boo
 
 
 def _device_types(where: str, text: str) -> tuple[str, ...] | None:
-    """``A100-40GB|T4-16GB`` as canonical catalogue keys; empty: any type."""
+    """``A100-40GB|T4-16GB`` as canonical catalogue keys (any name
+    :func:`~scheduler.hardware.gpu_names.resolve_type` reads); empty: any type."""
     if not text:
         return None
     out = []
     for name in (t.strip() for t in text.split("|")):
         try:
-            out.append(lookup(name).key if name else "")
-        except KeyError:
-            out.append("")
-        if not out[-1]:
-            raise TraceError(
-                f"{where}: unknown GPU type {name!r}; separate types with '|', known: "
-                f"{', '.join(known_types())}"
-            )
+            out.append(resolve_type(name).key)
+        except SpecError as exc:
+            raise TraceError(f"{where}: {exc}; separate types with '|'") from None
     return tuple(dict.fromkeys(out))
 
 

@@ -18,6 +18,7 @@ from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import GIB, known_types, lookup
 from scheduler.hardware.fast_yaml import cyclic_gc_paused, load_yaml
 from scheduler.hardware.faults import Fault, fault_from_dict
+from scheduler.hardware.gpu_names import resolve_type
 
 DEFAULT_INTRA_NODE_GBPS = 600.0
 DEFAULT_INTER_NODE_GBPS = 100.0
@@ -254,11 +255,13 @@ def _device_entry(where: str, raw_entry: Any) -> tuple[str, int, float, float]:
     gpu_type = entry.get("type")
     if not isinstance(gpu_type, str):
         raise SpecError(f"{where}.type: required; known: {', '.join(known_types())}")
+    memory = entry.get("memory_gb")
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or memory <= 0:
+        memory = None  # checked below, with the other numbers
     try:
-        gpu = lookup(gpu_type)
-    except KeyError:
-        known = ", ".join(known_types())
-        raise SpecError(f"{where}.type: unknown GPU type {gpu_type!r}; known: {known}") from None
+        gpu = resolve_type(gpu_type, memory_gb=memory)
+    except SpecError as exc:
+        raise SpecError(f"{where}.type: {exc}") from None
     count = int(_number(f"{where}.count", entry.get("count", 1), minimum=1, integer=True))
     memory_gb = gpu.memory_gb
     if "memory_gb" in entry:

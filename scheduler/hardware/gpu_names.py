@@ -1,9 +1,11 @@
-"""Which catalogue entry a real GPU is, from the name and memory its driver reports.
+"""Which catalogue entry a GPU is, from the name its driver reports or a person writes.
 
 Ray tells only one accelerator type per node, and only the model ("A100"), so
 hetsched asks each node's driver for every GPU's own name and memory
 (``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``) and
-maps each GPU with :func:`catalogue_key`.
+maps each GPU with :func:`catalogue_key`. A cluster spec's or a trace's ``type`` goes
+through :func:`resolve_type`: a catalogue key, or a name as people write it (``A100
+80GB``, ``RTX 4090``, ``T4``, what ``nvidia-smi`` prints), matched the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.errors import SpecError
-from scheduler.hardware.catalogue import CATALOGUE, GpuSpec
+from scheduler.hardware.catalogue import CATALOGUE, GpuSpec, known_types, lookup
 
 _VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE", "QUADRO", "AMD", "INSTINCT", "INTEL", "HABANA")
 MIB = 2**20
@@ -46,6 +48,49 @@ def _model(gpu: GpuSpec) -> str:
     return "".join(ch for ch in gpu.key.rsplit("-", 1)[0].upper() if ch.isalnum())
 
 
+def _models_named(name: str) -> list[GpuSpec]:
+    """The entries of the catalogue model that spells the longest run of ``name``'s words."""
+    runs = _word_runs(name)
+    matches = [gpu for gpu in CATALOGUE.values() if _model(gpu) in runs]
+    longest = max((len(_model(g)) for g in matches), default=0)
+    return [g for g in matches if len(_model(g)) == longest]
+
+
+def _nearest(entries: list[GpuSpec], memory_gib: float) -> GpuSpec:
+    return min(entries, key=lambda g: abs(g.memory_gb - memory_gib))
+
+
+def resolve_type(name: str, *, memory_gb: float | None = None) -> GpuSpec:
+    """The catalogue entry a spec's ``type`` names: a key in any case (``a100-80gb``), or
+    the GPU as people and drivers write it (``A100 80GB``, ``NVIDIA A100-SXM4-80GB``,
+    ``RTX 4090``, ``T4``): its model as in :func:`catalogue_key`, then of that model's
+    entries the one nearest the memory the name gives, else ``memory_gb``, else its only
+    one. A model sold with several memories and none given is refused, naming them.
+
+    >>> resolve_type("RTX 4090").key, resolve_type("A100 80GB").key
+    ('RTX4090-24GB', 'A100-80GB')
+    >>> resolve_type("A100", memory_gb=40).key
+    'A100-40GB'
+    """
+    try:
+        return lookup(name)
+    except KeyError:
+        pass
+    entries = _models_named(name)
+    if not entries:
+        raise SpecError(f"unknown GPU type {name!r}; known: {', '.join(known_types())}")
+    sizes = [
+        float(w.rstrip("GB")) for w in name.upper().replace("-", " ").split() if _is_memory_size(w)
+    ]
+    memory = sizes[-1] if sizes else memory_gb
+    if memory is not None:
+        return _nearest(entries, memory)
+    if len(entries) > 1:
+        keys = ", ".join(g.key for g in entries)
+        raise SpecError(f"GPU type {name!r} is sold with several memories: name one of {keys}")
+    return entries[0]
+
+
 def catalogue_key(name: str, memory_mib: int) -> str:
     """The catalogue key of a GPU the driver calls ``name`` with ``memory_mib`` MiB.
 
@@ -63,17 +108,13 @@ def catalogue_key(name: str, memory_mib: int) -> str:
     >>> catalogue_key("NVIDIA RTX A6000", 49140)
     'A6000-48GB'
     """
-    runs = _word_runs(name)
-    matches = [gpu for gpu in CATALOGUE.values() if _model(gpu) in runs]
-    longest = max((len(_model(g)) for g in matches), default=0)
-    best = [g for g in matches if len(_model(g)) == longest]
+    best = _models_named(name)
     if not best:
         raise SpecError(
             f"gpu: {name!r} ({memory_mib / 1024:.0f} GiB) is not in the catalogue; "
             f"known: {', '.join(CATALOGUE)} (describe the cluster with a spec file instead)"
         )
-    memory_gib = memory_mib / 1024
-    return min(best, key=lambda g: abs(g.memory_gb - memory_gib)).key
+    return _nearest(best, memory_mib / 1024).key
 
 
 def parse_nvidia_smi(text: str) -> list[ProbedGpu]:

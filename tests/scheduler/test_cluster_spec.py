@@ -243,3 +243,33 @@ def test_a_node_may_name_the_ray_node_its_devices_run_on() -> None:
     assert again == placed
     data["nodes"][0]["ray_node"] = ""
     assert spec_error(data).startswith("nodes[0].ray_node: must be a Ray node id, IP address")
+
+
+@pytest.mark.parametrize(
+    ("written", "memory_gb", "key"),
+    [
+        ("A100 80GB", None, "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", None, "A100-40GB"),  # as nvidia-smi prints it
+        ("A100", 80, "A100-80GB"),  # the memory the entry gives picks the size
+        ("RTX 4090", None, "RTX4090-24GB"),
+        ("RTX A6000", None, "A6000-48GB"),
+        ("T4", None, "T4-16GB"),
+        ("tesla v100-pcie-16gb", None, "V100PCIE-16GB"),
+    ],
+)
+def test_a_gpu_is_named_as_people_and_drivers_write_it(
+    written: str, memory_gb: float | None, key: str
+) -> None:
+    entry: dict[str, Any] = {"type": written, "count": 2}
+    if memory_gb is not None:
+        entry["memory_gb"] = memory_gb
+    cluster = parse_cluster({"name": "t", "nodes": [{"name": "n", "devices": [entry]}]})
+    assert {d.type for d in cluster.devices} == {key}
+
+
+def test_a_model_sold_with_several_memories_needs_one_named() -> None:
+    data = spec(nodes=[{"name": "n", "devices": [{"type": "A100", "count": 2}]}])
+    assert spec_error(data) == (
+        "nodes[0].devices[0].type: GPU type 'A100' is sold with several memories: "
+        "name one of A100-80GB, A100-40GB"
+    )

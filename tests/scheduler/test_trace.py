@@ -92,6 +92,8 @@ def test_restart_cost_and_device_types_parse_and_round_trip() -> None:
     assert parse_trace(trace_to_csv([job])) == [job]
     (plain,) = parse_trace(f"{HEADER}\na,0,gpt2-small,64,10\n")
     assert (plain.restart_s, plain.device_types) == (None, None)
+    (named,) = parse_trace(f"{HEADER},device_types\na,0,gpt2-small,64,10,A100 80GB|T4\n")
+    assert named.device_types == ("A100-80GB", "T4-16GB"), "GPUs as people write them"
 
 
 def test_generator_is_seeded_and_round_trips_through_csv(tmp_path: Path) -> None:
