@@ -2,12 +2,14 @@
 
 A model may be given as a preset name, explicit dimensions, or a Hugging Face
 configuration (a ``config.json``, or the directory holding one) of model type
-``gpt2`` or ``llama``. :func:`preset_from_hf_config` maps one to a
-:class:`~scheduler.models.presets.ModelPreset`, refusing in one line anything the
-hetsched families would compute differently (a tied Llama head, a scaled
-rotary embedding, biases where Llama has none, a different activation), so
-a model imported from Hugging Face is the model hetsched trains.
-:func:`hf_config_from_preset` is the inverse, used by ``hetsched export``.
+``gpt2``, ``llama`` or ``mistral`` (Llama's layers with grouped-query attention, Jiang et
+al. 2023, trained here at most at its sliding window, where its attention is Llama's).
+:func:`preset_from_hf_config` maps one to a :class:`~scheduler.models.presets.ModelPreset`,
+refusing in one line anything the hetsched families would compute differently (a tied
+Llama head, a scaled rotary embedding, biases where Llama has none, a different
+activation, attention past Mistral's window), so a model imported from Hugging Face is
+the model hetsched trains. :func:`hf_config_from_preset` is the inverse, used by
+``hetsched export`` (a Mistral model is written back as the Llama it trained as).
 
 Field names follow ``transformers``' ``GPT2Config`` and ``LlamaConfig``.
 """
@@ -23,7 +25,7 @@ from scheduler.errors import HetschedError
 from scheduler.models.presets import ModelPreset, get_preset
 
 CONFIG_NAME = "config.json"
-MODEL_TYPES = ("gpt2", "llama")
+MODEL_TYPES = ("gpt2", "llama", "mistral")
 _GELU = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
@@ -58,6 +60,8 @@ def preset_from_hf_config(
         return _gpt2(config, name=name, seq_len=seq_len)
     if model_type == "llama":
         return _llama(config, name=name, seq_len=seq_len)
+    if model_type == "mistral":
+        return _mistral(config, name=name, seq_len=seq_len)
     raise HetschedError(
         f"config.model_type: {model_type!r} is not supported; known: {', '.join(MODEL_TYPES)}"
     )
@@ -124,6 +128,23 @@ def _llama(config: Mapping[str, Any], *, name: str, seq_len: int | None) -> Mode
         norm_eps=_float(config, "rms_norm_eps", 1e-6),
         rope_theta=_float({"rope_theta": theta}, "rope_theta", 10000.0),
     )
+
+
+def _mistral(config: Mapping[str, Any], *, name: str, seq_len: int | None) -> ModelPreset:
+    """Mistral: Llama's layers, but each token attends to at most ``sliding_window`` tokens
+    before it; up to that length the two compute the same, so it trains (by default) at
+    its window, and a longer ``seq_len`` is refused."""
+    window = config.get("sliding_window")
+    if window is not None:
+        window = _int(config, "sliding_window")
+        if seq_len is None:
+            seq_len = min(window, _int(config, "max_position_embeddings", 32768))
+        elif seq_len > window:
+            raise HetschedError(
+                f"seq_len: {seq_len} exceeds config.sliding_window ({window}); sliding-window "
+                f"attention is not in the llama family: train at seq_len <= {window}"
+            )
+    return _llama(config, name=name, seq_len=seq_len)
 
 
 def hf_config_from_preset(preset: ModelPreset) -> dict[str, Any]:

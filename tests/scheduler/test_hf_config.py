@@ -76,7 +76,7 @@ def test_every_preset_round_trips_through_a_config(name: str) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "mistral"}, "config.model_type: 'mistral' is not supported; known: gpt2"),
+        ({"model_type": "qwen2"}, "config.model_type: 'qwen2' is not supported; known: gpt2"),
         ({"tie_word_embeddings": True}, "config.tie_word_embeddings: the llama family has an"),
         ({"hidden_act": "gelu"}, "config.hidden_act: the llama family's MLP is SwiGLU"),
         ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "config.rope_scaling"),
@@ -91,6 +91,26 @@ def test_configs_hetsched_would_compute_differently_are_one_line_errors(
     with pytest.raises(HetschedError, match=message.replace("(", r"\(")) as info:
         preset_from_hf_config({**LLAMA2_7B, **change})
     assert "\n" not in str(info.value)
+
+
+MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1's config.json, the fields read
+    **LLAMA2_7B,
+    "model_type": "mistral",
+    "intermediate_size": 14336,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32768,
+    "sliding_window": 4096,
+}
+
+
+def test_mistral_is_llama_with_grouped_queries_at_most_its_window_long() -> None:
+    preset = preset_from_hf_config(MISTRAL_7B, name="mistral-7b")
+    assert (preset.family, preset.num_kv_heads, preset.d_ff) == ("llama", 8, 14336)
+    assert preset.seq_len == 4096, "trains at its window unless told"
+    assert 7.0e9 < preset.num_params < 7.5e9  # Mistral 7B: 7.24 B parameters
+    assert preset_from_hf_config({**MISTRAL_7B, "sliding_window": None}).seq_len == 32768
+    with pytest.raises(HetschedError, match=r"^seq_len: 8192 exceeds config.sliding_window"):
+        preset_from_hf_config(MISTRAL_7B, seq_len=8192)
 
 
 def test_gpt2_needs_its_tied_head_and_a_known_activation() -> None:
