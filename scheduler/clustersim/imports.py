@@ -21,14 +21,32 @@ hetsched's cost model, :class:`~scheduler.policy.rates.PlannedRates`):
 Formats:
 
 - ``gavel``: a ``.trace`` file of Gavel's ``scheduler/traces/`` (github.com/
-  stanford-futuredata/gavel; Narayanan et al., OSDI'20): one job a line, ten
-  tab-separated fields: job type, command, working directory, steps argument,
-  needs-data-dir flag, total steps, scale factor (GPUs), priority weight, SLO,
-  arrival time (s). Durations are ``total_steps / (scale_factor × steps/s on one
-  V100)``, with the one-V100 throughputs of Gavel's ``scheduler/oracle_throughputs.json``
-  (:data:`GAVEL_V100_STEPS_PER_S`; linear scaling across GPUs assumed). Jobs are
-  rigid (Gavel does not resize them): ``min_devices = max_devices = scale factor``;
-  the original GPU is a ``V100-16GB``.
+  stanford-futuredata/gavel; Narayanan et al., OSDI'20): one job a line, tab-separated,
+  in one of the four layouts Gavel wrote over its history, told apart by field count
+  (:data:`GAVEL_LAYOUTS`; each as Gavel's own ``parse_trace`` of that time reads it):
+
+  - 10 fields (the physical-cluster traces, ``traces/physical_cluster/``): job type,
+    command, working directory, steps argument, needs-data-dir flag, total steps, scale
+    factor (GPUs), priority weight, SLO, arrival time (s).
+  - 9 fields: job type, command, steps argument, needs-data-dir flag, total steps, scale
+    factor, priority weight, SLO, arrival time (``scheduler/utils.py: parse_trace`` at
+    commits 52d9895abb4c and 05786c3cab2d).
+  - 7 fields (the MSR-derived ``traces/msr/seed=N/*.trace``): job type, command, steps
+    argument, needs-data-dir flag, total steps, arrival time, scale factor; priority 1
+    (``scheduler/utils.py: parse_trace`` at commit ace90a38988f, the commit that wrote
+    ``traces/msr/seed=0/925e2b.trace``). Gavel skips a line of scale factor 0, and so
+    does this reader.
+  - 6 fields (``traces/generated/``, e.g. ``microbenchmark/arrival_rate_1.trace``): job
+    type, command, steps argument, total steps, arrival time, scale factor; priority 1
+    (``scheduler/emulate_scheduler_with_trace.py: parse_trace`` at commit 0a6434dc4431).
+
+  Durations are ``total_steps / (scale_factor × steps/s on one V100)`` (linear scaling
+  across GPUs assumed), with the one-V100 isolated throughputs Gavel itself used:
+  :data:`GAVEL_V100_STEPS_PER_S` for job types with a batch size (and ``A3C``,
+  ``CycleGAN``), :data:`GAVEL_BARE_V100_STEPS_PER_S` for the bare job types (``LM``,
+  ``ResNet-50``, ...) of the 6-field traces. A job type in neither is a one-line error.
+  Jobs are rigid (Gavel does not resize them): ``min_devices = max_devices = scale
+  factor``; the original GPU is a ``V100-16GB``.
 - ``sia``: a workload CSV of Sia's artifact (``sia-simulator/workloads/{philly,saturn,
   newtrace}/``; Jayaram Subramanya et al., SOSP'23), columns ``name, time,
   application, num_replicas, batch_size`` and optionally ``category``. The CSV has no
@@ -70,17 +88,83 @@ NODE_SIZE = 8
 
 GAVEL_GPU = "V100-16GB"
 GAVEL_V100_STEPS_PER_S = {
-    "ResNet-18 (batch size 128)": 30.2875,
-    "ResNet-18 (batch size 256)": 16.9874,
-    "ResNet-50 (batch size 64)": 5.4576,
-    "ResNet-50 (batch size 128)": 2.8460,
-    "Transformer (batch size 128)": 5.7712,
-    "Transformer (batch size 256)": 1.7070,
-    "LM (batch size 40)": 71.7230,
-    "LM (batch size 80)": 43.9036,
+    "ResNet-18 (batch size 16)": 77.31737353972872,
+    "ResNet-18 (batch size 32)": 65.80540708735272,
+    "ResNet-18 (batch size 64)": 48.88418054077558,
+    "ResNet-18 (batch size 128)": 30.287504836881368,
+    "ResNet-18 (batch size 256)": 16.98737109878475,
+    "ResNet-50 (batch size 16)": 17.37438936466519,
+    "ResNet-50 (batch size 32)": 9.920583420101398,
+    "ResNet-50 (batch size 64)": 5.4575999796347645,
+    "ResNet-50 (batch size 128)": 2.8459812117650305,
+    "Transformer (batch size 16)": 12.845652425203205,
+    "Transformer (batch size 32)": 12.475277737306772,
+    "Transformer (batch size 64)": 9.568023720783357,
+    "Transformer (batch size 128)": 5.771210833383417,
+    "Transformer (batch size 256)": 1.707029875260509,
+    "A3C": 8.233033211429207,
+    "LM (batch size 5)": 167.12285773375763,
+    "LM (batch size 10)": 143.3605131584025,
+    "LM (batch size 20)": 107.9508715706423,
+    "LM (batch size 40)": 71.72303675816012,
+    "LM (batch size 80)": 43.90361072741378,
+    "Recommendation (batch size 512)": 0.33148208257478157,
+    "Recommendation (batch size 1024)": 0.47997973329981225,
+    "Recommendation (batch size 2048)": 0.5675318418131742,
+    "Recommendation (batch size 4096)": 0.6244083613498694,
+    "Recommendation (batch size 8192)": 0.6023546957515021,
+    "CycleGAN": 4.918494739402234,
 }
-"""Isolated steps/s on one V100 (the ``"null"`` entries under ``"v100"`` of Gavel's
-``scheduler/oracle_throughputs.json``) for the job types of its physical-cluster traces."""
+"""Isolated steps/s on one V100: every ``"null"`` entry under ``"v100"`` of Gavel's
+``scheduler/oracle_throughputs.json`` at commit 19b15c0a0d5f, as written there."""
+
+GAVEL_BARE_V100_STEPS_PER_S = {
+    "ResNet-18": 46.81725852189685,
+    "ResNet-50": 1.3768704198194044,
+    "Transformer": 8.741806494725642,
+    "LM": 96.24638978858054,
+    "Recommendation": 0.43019487158826614,
+    "A3C": 7.237954214304961,
+    "CycleGAN": 3.675618512816215,
+}
+"""The same for the bare job types of Gavel's early (6-field) traces: the ``"null"``
+entries under ``"v100"`` of ``scheduler/combined_throughputs.json`` at commit
+474a31a26c9f, the file Gavel's sweeps over those traces read
+(``scheduler/run_throughput_vs_latency_lambda_sweep.py`` at commit 0287b5315d16)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GavelLayout:
+    """Which field (0-based) of a line holds what, in one of Gavel's trace layouts, and
+    how Gavel's reader of that layout treated it."""
+
+    total_steps: int
+    scale_factor: int
+    arrival_time: int
+    priority_weight: int | None = None
+    """None: the layout has no priority; every job gets 1."""
+    skips_zero_scale: bool = False
+    """Gavel's reader of this layout drops a line whose scale factor is 0."""
+    bare_job_types: bool = False
+    """The layout's traces name job types without a batch size, so their throughputs
+    are :data:`GAVEL_BARE_V100_STEPS_PER_S` (tried first; the other table after)."""
+
+    def steps_per_s(self, job_type: str) -> float | None:
+        """One-V100 steps/s of ``job_type``; None where Gavel published none."""
+        tables = (GAVEL_V100_STEPS_PER_S, GAVEL_BARE_V100_STEPS_PER_S)
+        for table in reversed(tables) if self.bare_job_types else tables:
+            if job_type in table:
+                return table[job_type]
+        return None
+
+
+GAVEL_LAYOUTS = {
+    10: GavelLayout(total_steps=5, scale_factor=6, arrival_time=9, priority_weight=7),
+    9: GavelLayout(total_steps=4, scale_factor=5, arrival_time=8, priority_weight=6),
+    7: GavelLayout(total_steps=4, scale_factor=6, arrival_time=5, skips_zero_scale=True),
+    6: GavelLayout(total_steps=3, scale_factor=5, arrival_time=4, bare_job_types=True),
+}
+"""Field count -> layout (the module docstring cites each)."""
 
 SIA_GPU = "RTX2080TI-11GB"
 SIA_GPU_HOURS = {
@@ -156,38 +240,51 @@ def original_duration_s(job: TraceJob, gpu_type: str, rates: PlannedRates) -> fl
 
 
 def parse_gavel(text: str) -> list[OriginalJob]:
-    """Jobs of a Gavel ``.trace`` document (format in the module docstring)."""
+    """Jobs of a Gavel ``.trace`` document in any of :data:`GAVEL_LAYOUTS` (format in the
+    module docstring); lines may mix layouts, each is told by its own field count."""
     jobs: list[OriginalJob] = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        fields = line.split("\t")
-        where = f"gavel trace line {line_no}"
-        if len(fields) != 10:
-            raise TraceError(f"{where}: {len(fields)} tab-separated fields, a Gavel job has 10")
-        job_type = fields[0].strip()
-        steps_per_s = GAVEL_V100_STEPS_PER_S.get(job_type)
-        if steps_per_s is None:
-            raise TraceError(
-                f"{where}, job type: {job_type!r} has no V100 throughput here; known: "
-                f"{', '.join(GAVEL_V100_STEPS_PER_S)}"
-            )
-        total_steps = _field(where, "total steps", fields[5], integer=True)
-        scale = int(_field(where, "scale factor", fields[6], integer=True))
-        jobs.append(
-            OriginalJob(
-                name=f"gavel-{len(jobs):04d}",
-                arrival_s=_field(where, "arrival time", fields[9], integer=False, minimum=0),
-                duration_s=total_steps / (scale * steps_per_s),
-                num_devices=scale,
-                gpu_type=GAVEL_GPU,
-                priority=_field(where, "priority weight", fields[7], integer=False),
-                rigid=True,
-            )
-        )
+        job = _gavel_job(line.split("\t"), where=f"gavel trace line {line_no}", index=len(jobs))
+        if job is not None:
+            jobs.append(job)
     if not jobs:
         raise TraceError("gavel trace: no jobs")
     return jobs
+
+
+def _gavel_job(fields: list[str], *, where: str, index: int) -> OriginalJob | None:
+    """One line's job, or None where Gavel's reader of its layout skips the line."""
+    layout = GAVEL_LAYOUTS.get(len(fields))
+    if layout is None:
+        counts = sorted(GAVEL_LAYOUTS)
+        allowed = ", ".join(str(n) for n in counts[:-1]) + f" or {counts[-1]}"
+        raise TraceError(f"{where}: {len(fields)} tab-separated fields, a Gavel job has {allowed}")
+    if layout.skips_zero_scale and fields[layout.scale_factor].strip() == "0":
+        return None
+    job_type = fields[0].strip()
+    steps_per_s = layout.steps_per_s(job_type)
+    if steps_per_s is None:
+        raise TraceError(
+            f"{where}, job type: {job_type!r} has no V100 throughput in Gavel's published "
+            f"files; known: {', '.join([*GAVEL_V100_STEPS_PER_S, *GAVEL_BARE_V100_STEPS_PER_S])}"
+        )
+    total_steps = _field(where, "total steps", fields[layout.total_steps], integer=True)
+    scale = int(_field(where, "scale factor", fields[layout.scale_factor], integer=True))
+    arrival_s = _field(where, "arrival time", fields[layout.arrival_time], integer=False, minimum=0)
+    priority = 1.0
+    if layout.priority_weight is not None:
+        priority = _field(where, "priority weight", fields[layout.priority_weight], integer=False)
+    return OriginalJob(
+        name=f"gavel-{index:04d}",
+        arrival_s=arrival_s,
+        duration_s=total_steps / (scale * steps_per_s),
+        num_devices=scale,
+        gpu_type=GAVEL_GPU,
+        priority=priority,
+        rigid=True,
+    )
 
 
 def parse_sia(text: str) -> list[OriginalJob]:
