@@ -6,9 +6,9 @@ jobs) at ``LOADS`` jobs per hour, with the default request mix (mostly one GPU) 
 clusters: Sia's 64-GPU T4/RTX 2080 Ti/A100 shape (``deploy/clusters/hetero-64.yaml``)
 and a 48-GPU cluster of three generations (Gavel's physical cluster shape, V100/P100/K80,
 ``deploy/traces/public/gavel-physical-48.yaml``); and the public excerpts of
-``deploy/traces/public`` (Gavel's physical-cluster trace on the Gavel cluster, Sia's
-Philly, Helios-Saturn and newTrace workloads on the Sia cluster), converted by
-:mod:`scheduler.clustersim.imports`.
+``deploy/traces/public`` (Gavel's physical-cluster, microbenchmark and MSR traces on the
+Gavel cluster, Sia's Philly, Helios-Saturn and newTrace workloads on the Sia cluster),
+converted by :mod:`scheduler.clustersim.imports`.
 
 Printed per trace and policy: average and p99 JCT, makespan, moves per job; then, per
 trace, the default policy's average JCT against ``fair``'s and whether its p99 is no
@@ -51,6 +51,8 @@ SIA = ROOT / "deploy" / "clusters" / "hetero-64.yaml"
 GAVEL = PUBLIC / "gavel-physical-48.yaml"
 IMPORTED: list[tuple[str, TraceFormat, Path]] = [
     ("gavel-max-min-fairness.trace", "gavel", GAVEL),
+    ("gavel-microbenchmark-arrival-rate-1.trace", "gavel", GAVEL),
+    ("gavel-msr-seed0-51b7ef.trace", "gavel", GAVEL),
     ("sia-philly-workload-1.csv", "sia", SIA),
     ("sia-helios-saturn-workload-1.csv", "sia", SIA),
     ("sia-newtrace-workload-1.csv", "sia", SIA),
