@@ -151,11 +151,10 @@ class GavelLayout:
 
     def steps_per_s(self, job_type: str) -> float | None:
         """One-V100 steps/s of ``job_type``; None where Gavel published none."""
-        tables = (GAVEL_V100_STEPS_PER_S, GAVEL_BARE_V100_STEPS_PER_S)
-        for table in reversed(tables) if self.bare_job_types else tables:
-            if job_type in table:
-                return table[job_type]
-        return None
+        first, then = GAVEL_V100_STEPS_PER_S, GAVEL_BARE_V100_STEPS_PER_S
+        if self.bare_job_types:
+            first, then = then, first
+        return first.get(job_type, then.get(job_type))
 
 
 GAVEL_LAYOUTS = {

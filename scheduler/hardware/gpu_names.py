@@ -35,12 +35,16 @@ def _is_memory_size(word: str) -> bool:
     return word != digits and digits.isdigit()
 
 
+def _words(name: str) -> list[str]:
+    """The name's words, upper case: letters and digits, anything else a separator."""
+    return "".join(ch if ch.isalnum() else " " for ch in name.upper()).split()
+
+
 def _word_runs(name: str) -> set[str]:
     """Every run of the name's consecutive words (vendor words and memory sizes dropped),
     joined: ``RTX``, ``RTXA6000``, ``A6000``, … (workstation cards are ``RTX A6000`` to the
     driver and ``A6000`` to people; the A100 PCIe is ``A100 80GB PCIe``)."""
-    words = "".join(ch if ch.isalnum() else " " for ch in name.upper()).split()
-    words = [w for w in words if w not in _VENDOR_WORDS and not _is_memory_size(w)]
+    words = [w for w in _words(name) if w not in _VENDOR_WORDS and not _is_memory_size(w)]
     return {"".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
 
 
@@ -79,9 +83,7 @@ def resolve_type(name: str, *, memory_gb: float | None = None) -> GpuSpec:
     entries = _models_named(name)
     if not entries:
         raise SpecError(f"unknown GPU type {name!r}; known: {', '.join(known_types())}")
-    sizes = [
-        float(w.rstrip("GB")) for w in name.upper().replace("-", " ").split() if _is_memory_size(w)
-    ]
+    sizes = [float(w.rstrip("GB")) for w in _words(name) if _is_memory_size(w)]
     memory = sizes[-1] if sizes else memory_gb
     if memory is not None:
         return _nearest(entries, memory)

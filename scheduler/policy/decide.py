@@ -48,6 +48,11 @@ class _JobView:
     """How long it may wait before it goes first: ``max_wait_s``, or its remaining time on
     an equal share when that is longer (bounded slowdown)."""
 
+    @property
+    def starving(self) -> bool:
+        """It has waited past :attr:`max_wait_s`: it goes first."""
+        return self.job.waiting_s >= self.max_wait_s
+
 
 def decide(
     cluster: Cluster,
@@ -157,16 +162,14 @@ def _allowed(job: JobDemand, device_class: DeviceClass) -> bool:
     return device_class.type.lower() in {t.strip().lower() for t in job.device_types}
 
 
-def _admission_order(
-    views: list[_JobView], policy: PolicyName, settings: PolicySettings
-) -> list[_JobView]:
+def _admission_order(views: list[_JobView], policy: PolicyName) -> list[_JobView]:
     running = sorted((v for v in views if v.held), key=lambda v: (v.job.arrival_s, v.job.name))
     waiting = [v for v in views if not v.held]
     starving = sorted(
-        (v for v in waiting if v.job.waiting_s >= v.max_wait_s),
+        (v for v in waiting if v.starving),
         key=lambda v: (-v.job.waiting_s, v.job.name),
     )
-    rest = [v for v in waiting if v.job.waiting_s < v.max_wait_s]
+    rest = [v for v in waiting if not v.starving]
     if policy == "fair":
         rest.sort(key=lambda v: (v.job.arrival_s, v.job.name))
     else:
@@ -289,12 +292,12 @@ def _admit(
     out = _Admission(admitted=[], optional=[], waits={})
     blocked_by: str | None = None
     jct = policy == "goodput" and settings.objective == "jct"
-    for view in _admission_order(views, policy, settings):
+    for view in _admission_order(views, policy):
         job = view.job
         if not view.singles:
             out.waits[job.name] = "cannot run: its model fits no device it may use in this cluster"
             continue
-        if jct and not view.held and job.waiting_s < view.max_wait_s and not blocked_by:
+        if jct and not view.held and not view.starving and not blocked_by:
             # It may run or keep waiting: the program decides, shortest remaining first.
             out.optional.append(view)
             continue
@@ -307,7 +310,7 @@ def _admit(
                     f"waits: its minimum of {job.min_devices} device(s) does not fit beside "
                     f"the {len(out.admitted)} job(s) ahead of it"
                 )
-            if job.waiting_s >= view.max_wait_s and not blocked_by:
+            if view.starving and not blocked_by:
                 blocked_by = job.name
             continue
         for c, n in minimum.parts:
