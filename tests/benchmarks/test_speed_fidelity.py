@@ -113,6 +113,9 @@ EAGER_ATTENTION = Path(__file__).parent / "data" / "a100_eager_attention.csv"
 A100_SXM4 = ("A100-80GB", "A100-40GB")
 """The parts an A100 measurement that names no memory size may have run on."""
 REFERENCE = "A100-80GB"
+NOTEBOOK_STUDIES = ("mli", "mli-pt2", "ryanli")
+"""Studies that ran Mu Li's micro_bench notebook, whose TFLOP/s count
+:func:`mli_seconds_per_sample` turns back into time."""
 MEDIAN_TARGET = 0.10
 WORST_TARGET = 0.25
 """Issue 20's targets on held-out cases: median error under 10 %, none over 25 %."""
@@ -170,6 +173,13 @@ WORKLOADS = {
     # block (d_ff 4096; sequence 512), 1024 wide, 16 heads
     "bert-large-layer": Workload(kind="block", model=_block("bert-large-layer", seq_len=128)),
     "gpt2-medium-block": Workload(kind="block", model=_block("gpt2-medium-block", seq_len=512)),
+    # the same notebook's other sequences (ryanli): BERT's at 512, GPT-2's at 1024
+    "bert-large-layer-512": Workload(
+        kind="block", model=_block("bert-large-layer-512", seq_len=512)
+    ),
+    "gpt2-medium-block-1024": Workload(
+        kind="block", model=_block("gpt2-medium-block-1024", seq_len=1024)
+    ),
     "t5-large-encoder-block": Workload(
         kind="block", model=_block("t5-large-encoder-block", seq_len=512)
     ),
@@ -341,15 +351,15 @@ def unexplained_traffic_bytes(row: Row) -> float:
 
 
 def _print_unexplained(rows: list[Row]) -> None:
-    print("\nmli blocks: time per sample beyond the dense products, as MB at the card's bandwidth:")
-    for workload, members in _groups([r for r in rows if r.study.startswith("mli")]).items():
+    print("\nnotebook blocks: time per sample beyond the dense products, as MB at the card's bandwidth:")
+    for workload, members in _groups([r for r in rows if r.study in NOTEBOOK_STUDIES]).items():
         cells = ", ".join(f"{r.gpu} {unexplained_traffic_bytes(r) / 1e6:.0f}" for r in members)
         print(f"  {workload[0]:<8}{workload[1]:<24}{cells}")
 
 
 def _print_absolute(rows: list[Row]) -> None:
-    print("\nmli blocks: measured time per sample over the model's (absolute, not relative):")
-    for workload, members in _groups([r for r in rows if r.study.startswith("mli")]).items():
+    print("\nnotebook blocks: measured time per sample over the model's (absolute, not relative):")
+    for workload, members in _groups([r for r in rows if r.study in NOTEBOOK_STUDIES]).items():
         ratios = [(r.gpu, mli_seconds_per_sample(r) * r.predicted()) for r in members]
         cells = ", ".join(f"{gpu} {ratio:.2f}" for gpu, ratio in ratios)
         print(f"  {workload[0]:<8}{workload[1]:<24}{cells}")
@@ -457,6 +467,7 @@ def test_analytic_relative_speeds_match_published_measurements() -> None:
 STUDIES = [
     pytest.param("lambda", id="lambda"),
     pytest.param("mli-pt2", id="mli-pt2"),
+    pytest.param("ryanli", id="ryanli"),
     pytest.param(
         "mli",
         id="mli",
