@@ -173,7 +173,7 @@ WORKLOADS = {
     # block (d_ff 4096; sequence 512), 1024 wide, 16 heads
     "bert-large-layer": Workload(kind="block", model=_block("bert-large-layer", seq_len=128)),
     "gpt2-medium-block": Workload(kind="block", model=_block("gpt2-medium-block", seq_len=512)),
-    # the same notebook's other sequences (ryanli): BERT's at 512, GPT-2's at 1024
+    # the notebook's other sequences (the README leaves them out): BERT's at 512, GPT-2's at 1024
     "bert-large-layer-512": Workload(
         kind="block", model=_block("bert-large-layer-512", seq_len=512)
     ),
