@@ -645,6 +645,21 @@ _GPUS = [
         architecture="pascal",
     ),
     GpuSpec(
+        key="P100PCIE-12GB",
+        name="NVIDIA Tesla P100 PCIe 12GB",
+        peak_tflops=18.7,
+        fp32_tflops=9.3,
+        memory_gb=12,
+        bandwidth_gbps=549,
+        tdp_w=250,
+        interconnect="PCIe 3.0 x16, 32 GB/s",
+        source="NVIDIA Tesla P100 datasheet, PCIe column, 12 GB CoWoS HBM2 (2016); "
+        "Cephalo's and Zorse's profiles name it 'p100' with 12 GB",
+        url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
+        segment="datacenter",
+        architecture="pascal",
+    ),
+    GpuSpec(
         key="P40-24GB",
         name="NVIDIA Tesla P40",
         peak_tflops=11.76,
