@@ -53,7 +53,10 @@ class GpuSpec:
     """Marketing name."""
     peak_tflops: float
     """Peak dense bf16/fp16 tensor TFLOP/s with fp32 accumulate (fp32 where 16-bit
-    math has no speed-up: Kepler, the P40)."""
+    math has no speed-up: Kepler, the P40, and the P100, whose twice-fp32 half2 rate
+    needs fp16 accumulation: PyTorch's fp16 matrix products accumulate in fp32,
+    ``cublasGemmEx`` with ``CUDA_R_32F`` compute in aten/src/ATen/cuda/CUDABlas.cpp's
+    ``gemm<at::Half>``, which a part without tensor cores runs at its fp32 rate)."""
     fp32_tflops: float | None
     """Peak fp32 (non-tensor) TFLOP/s; None where the vendor's document gives none."""
     memory_gb: float
@@ -633,13 +636,15 @@ _GPUS = [
     GpuSpec(
         key="P100-16GB",
         name="NVIDIA Tesla P100 SXM2",
-        peak_tflops=21.2,
+        peak_tflops=10.6,
         fp32_tflops=10.6,
         memory_gb=16,
         bandwidth_gbps=732,
         tdp_w=300,
         interconnect="NVLink 1, 160 GB/s",
-        source="NVIDIA Tesla P100 datasheet, SXM2 column, fp16 without tensor cores (2016)",
+        source="NVIDIA Tesla P100 datasheet, SXM2 column (2016): no tensor cores, so fp16 "
+        "products with fp32 accumulate run at the fp32 10.6 (its 21.2 fp16 needs fp16 "
+        "accumulation)",
         url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
         segment="datacenter",
         architecture="pascal",
@@ -647,14 +652,15 @@ _GPUS = [
     GpuSpec(
         key="P100PCIE-12GB",
         name="NVIDIA Tesla P100 PCIe 12GB",
-        peak_tflops=18.7,
+        peak_tflops=9.3,
         fp32_tflops=9.3,
         memory_gb=12,
         bandwidth_gbps=549,
         tdp_w=250,
         interconnect="PCIe 3.0 x16, 32 GB/s",
-        source="NVIDIA Tesla P100 datasheet, PCIe column, 12 GB CoWoS HBM2 (2016); "
-        "Cephalo's and Zorse's profiles name it 'p100' with 12 GB",
+        source="NVIDIA Tesla P100 datasheet, PCIe column, 12 GB CoWoS HBM2 (2016): fp16 with "
+        "fp32 accumulate at the fp32 9.3, as on the SXM2 (its 18.7 fp16 needs fp16 "
+        "accumulation); Cephalo's and Zorse's profiles name it 'p100' with 12 GB",
         url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
         segment="datacenter",
         architecture="pascal",

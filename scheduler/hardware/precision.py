@@ -4,7 +4,8 @@ A job names ``fp32``, ``bf16``, ``fp16`` or ``auto``. bf16 needs bf16 tensor
 math: NVIDIA compute capability 8.0 and newer (Ampere, Ada, Hopper; CUDA
 Programming Guide, "Arithmetic Instructions") or AMD CDNA2 and newer. fp16
 needs native half arithmetic, compute capability 6.0 and newer (Pascal's P100
-runs it at twice fp32; Volta and Turing add fp16 tensor cores). Kepler (K80)
+has it, but PyTorch's fp16 matrix products accumulate in fp32, which the P100
+runs at its fp32 rate; Volta and Turing add fp16 tensor cores). Kepler (K80)
 has neither. ``auto`` takes bf16 where it exists, fp16 on tensor-core GPUs
 without bf16 (V100, T4, RTX 2080 Ti), fp32 otherwise: fp16 on a P100 halves
 memory traffic but needs loss scaling for a small gain, so ``auto`` leaves it to
