@@ -29,8 +29,9 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
 - **the optimizer step**: a fused AdamW streams every parameter's states once per
   step (:func:`optimizer_step_s`), at the streaming bandwidth.
 
-Checked against three published sets of measurements (per-layer ones from Mu Li's notebook
-on PyTorch 1.13 and 2.0, Lambda's whole steps; thirteen GPU types) by
+Checked against five published sets of measurements (per-layer ones from Mu Li's notebook
+on PyTorch 1.13 and 2.0 and from a second user's A800 and RTX 3090 runs of it, Cephalo's and
+Zorse's per-layer GPT and Llama profiles, Lambda's whole steps; 21 catalogue GPU types) by
 tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 """
 
