@@ -113,8 +113,9 @@ What the tables show (issue 20), and which effect each large error misses:
   The P100 (the 12 GB PCIe card of the profiles) read +13 to +81 % at its datasheet
   fp16 rate; PyTorch's fp16 GEMMs accumulate in fp32, which a part without tensor cores
   runs at its fp32 rate, so the catalogue now gives the P100 that rate (-2 to -34 %).
-- every pair of a group: median 18 %, worst 359 % (zorse's T4 GPT-6.7b entry in four of
-  the six worst pairs, the L4 in two); against the A100: median 12 %, worst 80 %.
+- every pair of a group: median 18 %, worst 359 % (zorse's T4 GPT-6.7b entry in five of
+  the six worst pairs, its H100 NVL / L4 pair at Llama-tiny 512 in the sixth); against the
+  A100: median 12 %, worst 80 %.
 
 Run on purpose:
 
