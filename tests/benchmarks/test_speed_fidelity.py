@@ -228,44 +228,40 @@ def _zorse_llama_attention(gpu: GpuSpec) -> AttentionKernel:
     return "math" if gpu.key == "P40-24GB" else "memory_efficient"
 
 
-def _zorse_gpt(size: str, seq_len: int) -> Workload:
-    """models/gpt_simple.py's DeepspeedGPT block: eager attention, tanh GELU, 4h MLP."""
-    d_model, heads = {"1.3b": (2048, 128), "2.7b": (2560, 80), "6.7b": (4096, 128)}[size]
-    model = ModelPreset(
-        name=f"zorse-gpt-{size}",
-        family="gpt",
-        num_layers=1,
-        d_model=d_model,
-        num_heads=heads,
-        d_ff=4 * d_model,
-        vocab_size=49152,
-        seq_len=seq_len,
-        gelu_approximate="tanh",
-        attention="math",
-    )
-    return Workload(kind="marginal", model=model)
+ZORSE_LAYERS: dict[str, tuple[int, int, int]] = {
+    # models/gpt_simple.py's DeepspeedGPT blocks: d_model, heads, a 4h MLP
+    "gpt-1.3b": (2048, 128, 4 * 2048),
+    "gpt-2.7b": (2560, 80, 4 * 2560),
+    "gpt-6.7b": (4096, 128, 4 * 4096),
+    # models/llama_simple.py's Hugging Face Llama decoder layers (no grouped-query attention)
+    "llama-tiny": (2048, 32, 5632),
+    "llama-3b": (3200, 32, 8640),
+    "llama-7b": (4096, 32, 11008),
+    "llama-13b": (5120, 40, 13824),
+}
+"""Cephalo's and Zorse's layer shapes: d_model, heads, d_ff."""
 
 
-def _zorse_llama(size: str, seq_len: int) -> Workload:
-    """models/llama_simple.py's Hugging Face Llama decoder layer (no grouped-query attention)."""
-    d_model, heads, d_ff = {
-        "tiny": (2048, 32, 5632),
-        "3b": (3200, 32, 8640),
-        "7b": (4096, 32, 11008),
-        "13b": (5120, 40, 13824),
-    }[size]
+def _zorse(layer: str, seq_len: int) -> Workload:
+    """One of :data:`ZORSE_LAYERS`: the GPT blocks run eager attention and tanh GELU, the
+    Llama layers the attention :func:`_zorse_llama_attention` picks per GPU."""
+    d_model, heads, d_ff = ZORSE_LAYERS[layer]
+    gpt = layer.startswith("gpt")
     model = ModelPreset(
-        name=f"zorse-llama-{size}",
-        family="llama",
+        name=f"zorse-{layer}",
+        family="gpt" if gpt else "llama",
         num_layers=1,
         d_model=d_model,
         num_heads=heads,
         d_ff=d_ff,
         vocab_size=49152,
         seq_len=seq_len,
-        attention="flash",
+        gelu_approximate="tanh" if gpt else "none",
+        attention="math" if gpt else "flash",
     )
-    return Workload(kind="marginal", model=model, attention_on=_zorse_llama_attention)
+    return Workload(
+        kind="marginal", model=model, attention_on=None if gpt else _zorse_llama_attention
+    )
 
 
 WORKLOADS = {
@@ -292,14 +288,16 @@ WORKLOADS = {
         kind="step", model=_block("bert-large", seq_len=384, d_model=1024, num_layers=24)
     ),
     # zorse: one layer's marginal fwd+bwd, GPT blocks at 512, Llama layers at 512/1024/2048
-    **{f"zorse-gpt-{size}-512": _zorse_gpt(size, 512) for size in ("1.3b", "2.7b", "6.7b")},
     **{
-        f"zorse-llama-{size}-{seq}": _zorse_llama(size, seq)
-        for size, seqs in (
-            ("tiny", (512, 1024)),
-            ("3b", (512, 1024)),
-            ("7b", (512, 1024, 2048)),
-            ("13b", (512, 1024, 2048)),
+        f"zorse-{layer}-{seq}": _zorse(layer, seq)
+        for layer, seqs in (
+            ("gpt-1.3b", (512,)),
+            ("gpt-2.7b", (512,)),
+            ("gpt-6.7b", (512,)),
+            ("llama-tiny", (512, 1024)),
+            ("llama-3b", (512, 1024)),
+            ("llama-7b", (512, 1024, 2048)),
+            ("llama-13b", (512, 1024, 2048)),
         )
         for seq in seqs
     },
