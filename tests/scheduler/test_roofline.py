@@ -87,8 +87,11 @@ def test_the_t4_sustains_its_measured_gemm_rate() -> None:
 def test_every_catalogue_entry_sustains_at_most_its_peak_and_bandwidth() -> None:
     for key, gpu in CATALOGUE.items():
         rates = Rates.of(gpu)
-        # GeForce cards boost a few percent above the clock their peak is quoted at
-        assert 0 < rates.flops_per_s / 1e12 <= 1.05 * gpu.peak_tflops, key
+        # GeForce cards boost above the clock their peak is quoted at: the RTX 4090 by 4 %
+        # (Mu Li's 172 of 165.2), the RTX 5090 by 7 % (zzc0721/torch-performance-test-data's
+        # median 224.2 of 209.5 at 8192²)
+        margin = 1.10 if gpu.segment == "geforce" else 1.05
+        assert 0 < rates.flops_per_s / 1e12 <= margin * gpu.peak_tflops, key
         assert 0 < rates.bytes_per_s / 1e9 <= gpu.bandwidth_gbps, key
 
 
