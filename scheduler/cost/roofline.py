@@ -14,8 +14,8 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   they sustain it in full, boosting above the clock it is quoted at.
 - **power-capped cards** (at most :data:`POWER_CAPPED_W`: T4, L4, A2, A16) run
   matrix products far below peak because the cap, not the clock, binds: a card measured
-  itself (the T4) runs at its own measurement, which already holds its cap; the others
-  at most ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
+  itself (the T4, the L4) runs at its own measurement, which already holds its cap; the
+  others at most ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
   (:data:`TFLOPS_PER_W`). Unmeasured cards above it
   whose architecture has a card measured at a binding cap (:data:`CAPPED_REFERENCE`)
   scale from that card by dynamic power
@@ -73,13 +73,16 @@ POWER_CAPPED_W = 75.0
 TFLOPS_PER_W: dict[str, float] = {
     "turing": 24.0 / 70,
     "ampere-ga10x": 95.0 / 300,
-    "ada": 172.0 / 450,
+    "ada": 53.80 / 72,
 }
 """Sustained fp16 GEMM TFLOP/s per watt of board power, per architecture, measured on a
 card of it: T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462), RTX A6000 95
-at its 300 W cap and RTX 4090 172 at 450 W (Mu Li's transformers-benchmarks; the 4090
-figure is a lower bound, its cap may not bind). Cards with their own measurement
-(:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
+at its 300 W cap (Mu Li's transformers-benchmarks) and L4 53.80 at 72 W
+(zzc0721/torch-performance-test-data issue #120, fp16 8192² ``torch.mm``). The Ada figure
+was the RTX 4090's 172 at 450 W: a GeForce card, which runs fp16 with fp32 accumulate at
+half rate, so its energy per FLOP is not a datacenter Ada part's, and whose cap may not
+bind; the L4 is a datacenter Ada part, at 0.44 of its peak where its cap binds.
+Cards with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
 CAPPED_REFERENCE: dict[str, tuple[str, float]] = {"ampere-ga10x": ("A6000-48GB", 95.0)}
 """Per architecture, a non-GeForce card measured at a cap that binds, and its sustained
 fp16 GEMM TFLOP/s: the RTX A6000 reaches 95 of its 154.8 at 300 W (Mu Li's

@@ -439,6 +439,11 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/data-center/l4/",
         segment="datacenter",
         architecture="ada",
+        measured_gemm_tflops=53.80,
+        measured_source=_tptd(
+            "#120 (NVIDIA L4, PyTorch 2.9, 2026-01-12; 68.83 at 2048², the "
+            "summary's figure, is a burst under the 72 W cap)"
+        ),
     ),
     GpuSpec(
         key="A2-16GB",
