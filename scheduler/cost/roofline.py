@@ -72,17 +72,21 @@ POWER_CAPPED_W = 75.0
 """Cards at or below this board power hold their cap by running below their boost clock."""
 TFLOPS_PER_W: dict[str, float] = {
     "turing": 24.0 / 70,
-    "ampere-ga10x": 95.0 / 300,
+    "ampere-ga10x": 28.41 / 70,
     "ada": 53.80 / 72,
 }
 """Sustained fp16 GEMM TFLOP/s per watt of board power, per architecture, measured on a
-card of it: T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462), RTX A6000 95
-at its 300 W cap (Mu Li's transformers-benchmarks) and L4 53.80 at 72 W
-(zzc0721/torch-performance-test-data issue #120, fp16 8192² ``torch.mm``). The Ada figure
-was the RTX 4090's 172 at 450 W: a GeForce card, which runs fp16 with fp32 accumulate at
-half rate, so its energy per FLOP is not a datacenter Ada part's, and whose cap may not
-bind; the L4 is a datacenter Ada part, at 0.44 of its peak where its cap binds.
-Cards with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
+non-GeForce card of it at a cap of at most :data:`POWER_CAPPED_W` (the regime the bound is
+for): T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462); RTX A2000 12GB 28.41
+at 70 W (GA106, a professional card, full-rate fp32 accumulate like the A2's and A16's
+GA107) and L4 53.80 at 72 W (zzc0721/torch-performance-test-data issues #72 and #120, fp16
+8192² ``torch.mm``). They replace the RTX A6000 at 300 W and the RTX 4090 at 450 W (Mu Li's
+transformers-benchmarks): cards outside the regime, and the 4090 a GeForce card, which runs
+fp16 with fp32 accumulate at half rate, so its energy per FLOP is not a datacenter Ada
+part's (and its cap may not bind). The L4 reaches 0.44 of its peak, its cap binding; the
+A2000 0.89 of its dense 31.9, so a small Ampere part clocked for 70 W barely throttles, and
+the bound does not bind on the A2 or A16 (their segment's share of peak is lower). Cards
+with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
 CAPPED_REFERENCE: dict[str, tuple[str, float]] = {"ampere-ga10x": ("A6000-48GB", 95.0)}
 """Per architecture, a non-GeForce card measured at a cap that binds, and its sustained
 fp16 GEMM TFLOP/s: the RTX A6000 reaches 95 of its 154.8 at 300 W (Mu Li's

@@ -448,13 +448,16 @@ _GPUS = [
     GpuSpec(
         key="A2-16GB",
         name="NVIDIA A2",
-        peak_tflops=36.0,
+        peak_tflops=18.0,
         fp32_tflops=4.5,
         memory_gb=16,
         bandwidth_gbps=200,
         tdp_w=60,
         interconnect="PCIe 4.0 x8",
-        source="NVIDIA A2 datasheet (dense = half the sparse 72; power 40-60 W)",
+        source="NVIDIA A2 datasheet: fp16 tensor 18 dense, 36 with sparsity (72 is the sparse "
+        "INT8 figure); four times the 4.5 fp32, as on every full-rate GA10x part (A10 31.2 "
+        "and 125, A40 37.4 and 149.7); hmc-tech.com's A2 page: 18.13 at 1,770 MHz; power "
+        "40-60 W",
         url="https://www.nvidia.com/en-us/data-center/products/a2/",
         segment="datacenter",
         architecture="ampere-ga10x",
@@ -462,13 +465,15 @@ _GPUS = [
     GpuSpec(
         key="A16-16GB",
         name="NVIDIA A16 (one of the board's four GPUs)",
-        peak_tflops=35.9,
+        peak_tflops=17.9,
         fp32_tflops=4.5,
         memory_gb=16,
         bandwidth_gbps=200,
         tdp_w=62.5,
         interconnect="PCIe 4.0 x16 for the board of four",
-        source="NVIDIA A16 datasheet, per GPU (board: 4x 35.9 dense fp16 tensor, 250 W)",
+        source="NVIDIA A16 datasheet, per GPU (board 250 W): fp16 tensor 17.9 dense, half the "
+        "35.9 per GPU with sparsity; four times the 4.5 fp32, as on every full-rate GA10x "
+        "part; hmc-tech.com's A16 pages: 69.43 for the board of four at 1,695 MHz",
         url="https://www.nvidia.com/en-us/data-center/products/a16-gpu/",
         segment="datacenter",
         architecture="ampere-ga10x",
