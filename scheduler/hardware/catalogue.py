@@ -454,10 +454,8 @@ _GPUS = [
         bandwidth_gbps=200,
         tdp_w=60,
         interconnect="PCIe 4.0 x8",
-        source="NVIDIA A2 datasheet: fp16 tensor 18 dense, 36 with sparsity (72 is the sparse "
-        "INT8 figure); four times the 4.5 fp32, as on every full-rate GA10x part (A10 31.2 "
-        "and 125, A40 37.4 and 149.7); hmc-tech.com's A2 page: 18.13 at 1,770 MHz; power "
-        "40-60 W",
+        source="NVIDIA A2 datasheet: fp16 tensor 18 dense, 36 with sparsity (72 is sparse "
+        "INT8); four times its 4.5 fp32, as on every full-rate GA10x part; power 40-60 W",
         url="https://www.nvidia.com/en-us/data-center/products/a2/",
         segment="datacenter",
         architecture="ampere-ga10x",
@@ -471,9 +469,8 @@ _GPUS = [
         bandwidth_gbps=200,
         tdp_w=62.5,
         interconnect="PCIe 4.0 x16 for the board of four",
-        source="NVIDIA A16 datasheet, per GPU (board 250 W): fp16 tensor 17.9 dense, half the "
-        "35.9 per GPU with sparsity; four times the 4.5 fp32, as on every full-rate GA10x "
-        "part; hmc-tech.com's A16 pages: 69.43 for the board of four at 1,695 MHz",
+        source="NVIDIA A16 datasheet, per GPU (board 250 W): fp16 tensor 17.9 dense, 35.9 "
+        "with sparsity; four times its 4.5 fp32, as on every full-rate GA10x part",
         url="https://www.nvidia.com/en-us/data-center/products/a16-gpu/",
         segment="datacenter",
         architecture="ampere-ga10x",
@@ -838,6 +835,11 @@ CROSS_CHECKED: dict[str, str] = {
     "NVIDIA's launch figures (tomshardware.co.uk, 2018)",
     "L40-48GB": "362.1 sparse (181 dense) fp16 with fp32 accumulate, 90.5 fp32, 300 W: "
     "hmc-tech.com's L4 vs L40 page",
+    "A2-16GB": "18.13 dense (36.25 sparse) fp16 tensor with fp32 accumulate, 4.53 fp32, 1,770 "
+    "MHz, 60 W: hmc-tech.com's A2 vs A40 page (the catalogue had the sparse 36 as dense)",
+    "A16-16GB": "69.43 dense fp16 tensor with fp32 accumulate for the board of four (17.36 per "
+    "GPU at 1,695 MHz), 4x 4.3 fp32: hmc-tech.com's L4 vs A16 page (the catalogue had the "
+    "sparse 35.9 per GPU as dense)",
 }
 """Entries whose figures were compared with a second public copy of the vendor's numbers
 (issue 20: many citations were unchecked); the others cite the vendor document only."""
