@@ -24,7 +24,7 @@ Where the catalogue's measured GEMM rates come from, and the rule for the second
   an issue "新增性能数据：<GPU>" whose "详细性能数据" block lists every size. A catalogue
   part with no measured rate takes **the fp16 figure at 8192²** (the size the other measured
   rates use), read from that per-size block; not ``database.md``'s summary, which is the
-  maximum over sizes (4-22 % above 8192² on the parts that have both) and, on power-capped
+  maximum over sizes (3-28 % above 8192² on the parts used here) and, on power-capped
   cards, a burst too short to throttle. Only the part itself counts (the name
   ``torch.cuda.get_device_name`` reports; a memory variant of the same chip, clocks and
   board power, as the catalogue's own variants share rates); with several contributors, the
