@@ -13,10 +13,12 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   peak is already that half rate (NVIDIA's GA102 and Ada whitepapers list both);
   they sustain it in full, boosting above the clock it is quoted at.
 - **power-capped cards** (at most :data:`POWER_CAPPED_W`: T4, L4, A2, A16) run
-  matrix products far below peak because the cap, not the clock, binds: at most
-  ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
-  (:data:`TFLOPS_PER_W`). Cards above it whose architecture has a card measured at a
-  binding cap (:data:`CAPPED_REFERENCE`) scale from that card by dynamic power
+  matrix products far below peak because the cap, not the clock, binds: a card measured
+  itself (the T4, the L4) runs at its own measurement, which already holds its cap; the
+  others at most ``TDP × TFLOP/s per W`` of their architecture measured at its own cap
+  (:data:`TFLOPS_PER_W`). Unmeasured cards above it
+  whose architecture has a card measured at a binding cap (:data:`CAPPED_REFERENCE`)
+  scale from that card by dynamic power
   (:func:`dvfs_capped_tflops`): a 150 W A10 sustains about two thirds of what a 300 W
   A6000 of the same chip does, not the 94 TFLOP/s its segment's share of peak gives.
 - **memory-bound kernels** (norms, activations, residuals, softmax, the fp32
@@ -70,13 +72,21 @@ POWER_CAPPED_W = 75.0
 """Cards at or below this board power hold their cap by running below their boost clock."""
 TFLOPS_PER_W: dict[str, float] = {
     "turing": 24.0 / 70,
-    "ampere-ga10x": 95.0 / 300,
-    "ada": 172.0 / 450,
+    "ampere-ga10x": 28.41 / 70,
+    "ada": 53.80 / 72,
 }
 """Sustained fp16 GEMM TFLOP/s per watt of board power, per architecture, measured on a
-card of it: T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462), RTX A6000 95
-at its 300 W cap and RTX 4090 172 at 450 W (Mu Li's transformers-benchmarks; the 4090
-figure is a lower bound, its cap may not bind)."""
+non-GeForce card of it at a cap of at most :data:`POWER_CAPPED_W` (the regime the bound is
+for): T4 24 TFLOP/s at 70 W (NVIDIA developer forums, thread 264462); RTX A2000 12GB 28.41
+at 70 W (GA106, a professional card, full-rate fp32 accumulate like the A2's and A16's
+GA107) and L4 53.80 at 72 W (zzc0721/torch-performance-test-data issues #72 and #120, fp16
+8192² ``torch.mm``). They replace the RTX A6000 at 300 W and the RTX 4090 at 450 W (Mu Li's
+transformers-benchmarks): cards outside the regime, and the 4090 a GeForce card, which runs
+fp16 with fp32 accumulate at half rate, so its energy per FLOP is not a datacenter Ada
+part's (and its cap may not bind). The L4 reaches 0.44 of its peak, its cap binding; the
+A2000 0.89 of its dense 31.9, so a small Ampere part clocked for 70 W barely throttles, and
+the bound does not bind on the A2 or A16 (their segment's share of peak is lower). Cards
+with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
 CAPPED_REFERENCE: dict[str, tuple[str, float]] = {"ampere-ga10x": ("A6000-48GB", 95.0)}
 """Per architecture, a non-GeForce card measured at a cap that binds, and its sustained
 fp16 GEMM TFLOP/s: the RTX A6000 reaches 95 of its 154.8 at 300 W (Mu Li's
@@ -124,14 +134,14 @@ def sustained_gemm_tflops(gpu: GpuSpec, *, peak_tflops: float | None = None) -> 
     with it."""
     peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
     if gpu.measured_gemm_tflops is not None:
-        rate = gpu.measured_gemm_tflops * peak / gpu.peak_tflops
-    else:
-        rate = peak * GEMM_SHARE[gpu.segment]
+        # measured on the part itself, under its own cap: no bound derived from another card
+        return gpu.measured_gemm_tflops * peak / gpu.peak_tflops
+    rate = peak * GEMM_SHARE[gpu.segment]
     per_watt = TFLOPS_PER_W.get(gpu.architecture)
     if gpu.tdp_w <= POWER_CAPPED_W and per_watt is not None:
         rate = min(rate, gpu.tdp_w * per_watt)
     capped = dvfs_capped_tflops(gpu)
-    if capped is not None and gpu.measured_gemm_tflops is None:
+    if capped is not None:
         rate = min(rate, capped * peak / gpu.peak_tflops)
     return rate
 

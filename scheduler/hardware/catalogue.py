@@ -9,6 +9,26 @@ what training sustains: :mod:`scheduler.cost.roofline` derives the sustained
 rates from these figures and the published measurements carried here
 (``measured_*``). Keys are ``MODEL-MEMORY`` as people say them (``H100-80GB``)
 and are matched case-insensitively.
+
+Where the catalogue's measured GEMM rates come from, and the rule for the second source
+(fixed before its effect on any held-out row was looked at):
+
+- Mu Li's transformers-benchmarks (8192² fp16 matmul, PyTorch 1.13: A100, A6000, V100,
+  RTX 3090 Ti, RTX 4090), the same notebook on PyTorch 2.0 (H100 SXM), the NVIDIA forum's
+  T4, and the A100 PCIe scaled from the SXM4: kept as they are, whatever the second source
+  says of the same parts (they are the software stack of the mli studies; replacing them
+  would mix eras inside those studies).
+- zzc0721/torch-performance-test-data (:data:`TPTD`): one script, ``test.py``, times
+  ``torch.mm`` of two random square fp16 matrices (6 warm-up and 30 timed calls, 2n³ FLOPs)
+  at n = 1024 to 10240 on contributors' GPUs (PyTorch 2.2-2.11), and each run is posted as
+  an issue "新增性能数据：<GPU>" whose "详细性能数据" block lists every size. A catalogue
+  part with no measured rate takes **the fp16 figure at 8192²** (the size the other measured
+  rates use), read from that per-size block; not ``database.md``'s summary, which is the
+  maximum over sizes (3-28 % above 8192² on the parts used here) and, on power-capped
+  cards, a burst too short to throttle. Only the part itself counts (the name
+  ``torch.cuda.get_device_name`` reports; a memory variant of the same chip, clocks and
+  board power, as the catalogue's own variants share rates); with several contributors, the
+  median of their first runs. Parts the source lists only in its summary are left alone.
 """
 
 from __future__ import annotations
@@ -123,6 +143,17 @@ A100_PCIE_MEASURED = (
     "the SXM4's measured share of its datasheet's (1,616 of 2,039 GB/s) on this HBM2e part"
 )
 
+TPTD = "https://github.com/zzc0721/torch-performance-test-data"
+
+
+def _tptd(runs: str) -> str:
+    """The citation of a rate taken from :data:`TPTD` by the rule in the module docstring."""
+    return (
+        "zzc0721/torch-performance-test-data, test.py (torch.mm, fp16, 8192²), per-size "
+        f"figures of {runs}: {TPTD}/issues"
+    )
+
+
 # A part sold with less memory (or a faster one) is the listed part with what differs replaced.
 _GPUS = [
     GpuSpec(
@@ -224,6 +255,8 @@ _GPUS = [
         url=H100_DS,
         segment="datacenter",
         architecture="hopper",
+        measured_gemm_tflops=437.07,
+        measured_source=_tptd("#95 (NVIDIA H100 PCIe, PyTorch 2.9, 2025-12-14)"),
     ),
     GpuSpec(
         key="H20-96GB",
@@ -239,6 +272,8 @@ _GPUS = [
         url="https://willitrunai.com/es/gpus/h20-96gb",
         segment="datacenter",
         architecture="hopper",
+        measured_gemm_tflops=138.52,
+        measured_source=_tptd("#77 (NVIDIA H20, PyTorch 2.7, 2025-10-17)"),
     ),
     (
         a100 := GpuSpec(
@@ -358,6 +393,8 @@ _GPUS = [
         url="https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf",
         segment="workstation",
         architecture="ampere-ga10x",
+        measured_gemm_tflops=108.47,
+        measured_source=_tptd("#185 (NVIDIA A40, PyTorch 2.11, 2026-07-22)"),
     ),
     GpuSpec(
         key="A10G-24GB",
@@ -372,6 +409,8 @@ _GPUS = [
         url="https://aws.amazon.com/ec2/instance-types/g5/",
         segment="datacenter",
         architecture="ampere-ga10x",
+        measured_gemm_tflops=65.67,
+        measured_source=_tptd("#126 (NVIDIA A10G, PyTorch 2.7, 2026-01-20)"),
     ),
     GpuSpec(
         key="A10-24GB",
@@ -400,17 +439,23 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/data-center/l4/",
         segment="datacenter",
         architecture="ada",
+        measured_gemm_tflops=53.80,
+        measured_source=_tptd(
+            "#120 (NVIDIA L4, PyTorch 2.9, 2026-01-12; 68.83 at 2048², the "
+            "summary's figure, is a burst under the 72 W cap)"
+        ),
     ),
     GpuSpec(
         key="A2-16GB",
         name="NVIDIA A2",
-        peak_tflops=36.0,
+        peak_tflops=18.0,
         fp32_tflops=4.5,
         memory_gb=16,
         bandwidth_gbps=200,
         tdp_w=60,
         interconnect="PCIe 4.0 x8",
-        source="NVIDIA A2 datasheet (dense = half the sparse 72; power 40-60 W)",
+        source="NVIDIA A2 datasheet: fp16 tensor 18 dense, 36 with sparsity (72 is sparse "
+        "INT8); four times its 4.5 fp32, as on every full-rate GA10x part; power 40-60 W",
         url="https://www.nvidia.com/en-us/data-center/products/a2/",
         segment="datacenter",
         architecture="ampere-ga10x",
@@ -418,13 +463,14 @@ _GPUS = [
     GpuSpec(
         key="A16-16GB",
         name="NVIDIA A16 (one of the board's four GPUs)",
-        peak_tflops=35.9,
+        peak_tflops=17.9,
         fp32_tflops=4.5,
         memory_gb=16,
         bandwidth_gbps=200,
         tdp_w=62.5,
         interconnect="PCIe 4.0 x16 for the board of four",
-        source="NVIDIA A16 datasheet, per GPU (board: 4x 35.9 dense fp16 tensor, 250 W)",
+        source="NVIDIA A16 datasheet, per GPU (board 250 W): fp16 tensor 17.9 dense, 35.9 "
+        "with sparsity; four times its 4.5 fp32, as on every full-rate GA10x part",
         url="https://www.nvidia.com/en-us/data-center/products/a16-gpu/",
         segment="datacenter",
         architecture="ampere-ga10x",
@@ -489,6 +535,8 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/design-visualization/rtx-a4000/",
         segment="workstation",
         architecture="ampere-ga10x",
+        measured_gemm_tflops=60.89,
+        measured_source=_tptd("#97 (NVIDIA RTX A4000, PyTorch 2.8, 2025-12-18)"),
     ),
     (
         v100 := GpuSpec(
@@ -560,6 +608,11 @@ _GPUS = [
         "nvidia-rtx-blackwell-gpu-architecture.pdf",
         segment="geforce",
         architecture="blackwell",
+        measured_gemm_tflops=224.2,
+        measured_source=_tptd(
+            "four contributors, the median: PR #15 224.41, #124 223.98, "
+            "#96 233.99, #200 172.79 (PyTorch 2.7-2.8)"
+        ),
         fp16_accumulate_tflops=419.0,
     ),
     GpuSpec(
@@ -631,6 +684,10 @@ _GPUS = [
         "technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
         segment="geforce",
         architecture="turing",
+        measured_gemm_tflops=49.61,
+        measured_source=_tptd(
+            "#181 (GeForce RTX 2080 Ti, PyTorch 2.7.1, 2026-06-27; not #115's 22 GB modified board)"
+        ),
         fp16_accumulate_tflops=107.6,
     ),
     GpuSpec(
@@ -648,6 +705,8 @@ _GPUS = [
         url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
         segment="datacenter",
         architecture="pascal",
+        measured_gemm_tflops=7.29,
+        measured_source=_tptd("#180 (Tesla P100-SXM2-16GB, PyTorch 2.7, 2026-06-08)"),
     ),
     GpuSpec(
         key="P100PCIE-12GB",
@@ -664,6 +723,12 @@ _GPUS = [
         url="https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-datasheet.pdf",
         segment="datacenter",
         architecture="pascal",
+        measured_gemm_tflops=7.46,
+        measured_source=_tptd(
+            "the P100-PCIE-16GB (same GP100, clocks and 250 W; a fourth "
+            "HBM2 stack): the median of two contributors' first runs, #164 7.20 and #174 7.72 "
+            "(PyTorch 2.7; #175-#177 repeat #174's)"
+        ),
     ),
     GpuSpec(
         key="P40-24GB",
@@ -770,6 +835,11 @@ CROSS_CHECKED: dict[str, str] = {
     "NVIDIA's launch figures (tomshardware.co.uk, 2018)",
     "L40-48GB": "362.1 sparse (181 dense) fp16 with fp32 accumulate, 90.5 fp32, 300 W: "
     "hmc-tech.com's L4 vs L40 page",
+    "A2-16GB": "18.13 dense (36.25 sparse) fp16 tensor with fp32 accumulate, 4.53 fp32, 1,770 "
+    "MHz, 60 W: hmc-tech.com's A2 vs A40 page (the catalogue had the sparse 36 as dense)",
+    "A16-16GB": "69.43 dense fp16 tensor with fp32 accumulate for the board of four (17.36 per "
+    "GPU at 1,695 MHz), 4x 4.3 fp32: hmc-tech.com's L4 vs A16 page (the catalogue had the "
+    "sparse 35.9 per GPU as dense)",
 }
 """Entries whose figures were compared with a second public copy of the vendor's numbers
 (issue 20: many citations were unchecked); the others cite the vendor document only."""

@@ -21,8 +21,10 @@ closed-form; the argument that the bisection's end point is the optimum is
 ``k`` is tried over the values that change ``⌈B/k⌉`` (four from the least that fits,
 then doubling) until a lower bound exceeds the best. Shard vectors come from a small
 family: proportional to free memory (shards follow memory), the most even that fits
-(water-filling, least communication), their blend, and the most even that fits beside
-the micro-batches found; each is solved and the fastest kept. On small clusters
+(water-filling, least communication), their blend, the most even that fits beside one
+sample on the fastest classes only (the slower ones holding shards and no activations),
+and the most even that fits beside the micro-batches found; each is solved and the
+fastest kept. On small clusters
 (tests/scheduler/test_fsdp_plan.py) this equals exhaustive search over ``k``,
 micro-batches, recomputation modes and the least-communicating shards.
 """
@@ -308,6 +310,28 @@ def even_shards(
     return out
 
 
+def _fastest_only_starts(
+    cl: Classes, sf: ShardingFigures, args: tuple[Classes, ShardingFigures, int, float]
+) -> list[FloatArray]:
+    """The most even shards beside one sample on the ``j`` fastest classes only, for each
+    ``j`` below the number of classes: the slower devices hold shards and take no samples,
+    so they reserve no activations and take more of the states, which leaves the fast ones
+    room for larger micro-batches. The starts above reserve one sample on every device, and
+    the step beside the micro-batches found reaches these shards only from a solution that
+    already left the slow devices idle."""
+    counts = unit_counts(sf)
+    per_sample = np.where(np.isfinite(cl.per_sample_s), cl.per_sample_s, np.inf).min(axis=0)
+    order = np.argsort((counts[:, None] * per_sample).sum(axis=0), kind="stable")
+    out = []
+    for j in range(1, len(order)):
+        act = np.zeros_like(cl.least_act)
+        act[order[:j]] = cl.least_act[order[:j]]
+        shards = even_shards(*args, act)
+        if shards is not None:
+            out.append(shards)
+    return out
+
+
 def best_for_group(
     cl: Classes,
     sf: ShardingFigures,
@@ -324,6 +348,7 @@ def best_for_group(
     ]
     if len(starts) == 2:
         starts.append((starts[0] + starts[1]) / 2)
+    starts.extend(_fastest_only_starts(cl, sf, args))
     solutions = []
     for shards in starts:
         sol = solve_group(

@@ -18,13 +18,16 @@ nowhere but here. Speeds are only compared inside one (study, workload) group, t
 
 What the tables show (issue 20), and which effect each large error misses:
 
-- **Lambda** (whole BERT training steps, sequence 384, eleven GPU types): median 4 %,
-  worst 20 % per case. The 150 W A10 read +14 % at its segment's share of peak; the
-  model now scales it from the capped 300 W A6000 by dynamic power (-2 to -4 %). The H100
+- **Lambda** (whole BERT training steps, sequence 384, eleven GPU types): median 3 %,
+  worst 21 % per case. The 150 W A10 read +14 % at its segment's share of peak; the
+  model now scales it from the capped 300 W A6000 by dynamic power (-1 to -4 %). The H100
   SXM5 read +8 to +18 % at 0.75 of its peak; it now runs its products at the 637 TFLOP/s
-  its 8192² matmul measures in Mu Li's notebook (+2 to +13 %). Left: the 300 W RTX 6000 Ada
-  (+9 to +20 %; power-capped too, but no card of its architecture is measured at a
-  binding cap, and no public GEMM figure for it was found) and the A6000 (-11 to -15 %).
+  its 8192² matmul measures in Mu Li's notebook (+3 to +14 %). The H100 PCIe read +5 to +9 %
+  at 0.75 of its peak; it now runs at its own measured 437 TFLOP/s (0.58 of peak;
+  zzc0721/torch-performance-test-data, the catalogue's rule for that source): -3 to +2 %.
+  Left: the 300 W RTX 6000 Ada (+10 to +21 %; power-capped too, but no card of its
+  architecture is measured at a binding cap, and no public GEMM figure for it was found)
+  and the A6000 (-10 to -14 %).
 - **mli** (one block, sequence 128 to 1024, six GPU types; the T4 from another user's run
   of the notebook in the same container; BERT at 512 and GPT-2 at 1024 from the notebooks'
   cells the README leaves out, 3090 Ti and T4 only, within 5 %): median 7 %, worst 52 %.
@@ -92,30 +95,37 @@ What the tables show (issue 20), and which effect each large error misses:
 - **zorse** (Cephalo's and Zorse's profiles: one layer's marginal fwd+bwd kernel time per
   sample under fp16 autocast, PyTorch 2.1; GPT 1.3B-6.7B blocks with eager attention at
   512 and Llama 1.1B-13B layers at 512, 1024 and 2048, flash-attention 2 on Ampere and
-  newer; eleven GPU types, 13 groups, 89 cases): median 14 %, worst 201 % (a strict
-  xfail). Per GPU, the median error: A100 40GB +18 %, A100 80GB +2 %, A10G -7 %, A6000
-  0 %, V100 +13 %, P40 +4 %, T4 +4 %, P100 -14 %, and the three it misses:
+  newer; eleven GPU types, 13 groups, 89 cases): median 8 %, worst 177 % (a strict
+  xfail). Per GPU, the median error: A100 40GB +4 %, A100 80GB -10 %, A10G +3 %, A6000
+  -11 %, V100 +2 %, P40 -4 %, T4 -8 %, P100 -16 %, L4 +6 %, and the two it misses (the
+  A100 80GB and A6000 moved from +2 and 0 % with no change of their own: each case is
+  against its group's geometric mean, and the L4, in most groups, now runs faster):
 
-  - *the 72 W L4* (-51 to +4 %, median -35 %): it runs the Llama layers, compute-bound
-    under flash attention, 1.5-2.0x the rate the model gives it (-32 to -51 %), and the
-    memory-bound GPT-1.3b/2.7b blocks within 4 %: its GEMM rate is the one short, the Ada
-    TFLOP/s per watt of an RTX 4090 at 450 W (a bound measured where the cap may not bind)
-    times 72 W, 27.5 TFLOP/s. No public L4 GEMM figure was found to replace that bound;
-    the L4 is one of the capped cards the product is judged on, so this is the largest
-    open error.
-  - *the 400 W H100 NVL* (+72 to +77 %): it runs at 0.57x the model's rate, 0.75 of its
-    835 dense TFLOP/s; scaling it from the measured H100 SXM5 by dynamic power would
-    also move the 350 W H100 PCIe, which Lambda's rows fit at 0.75 of peak (+5 to +9 %).
-  - *the T4's GPT-6.7b entry* (+201 %): that fp16 entry is no faster than the same
+  - *the 400 W H100 NVL* (+54 to +60 %): it runs at about 0.64x the model's rate, 0.75 of
+    its 835 dense TFLOP/s; no public GEMM figure of the NVL was found. The 350 W H100
+    PCIe measures 437 TFLOP/s, 0.58 of its peak, at 8192² (the catalogue's measured
+    rate); scaling the NVL from it by dynamic power would also move the 700 W parts, and
+    the same source's H200 summary (759, the maximum over sizes) says they do not
+    throttle so.
+  - *the T4's GPT-6.7b entry* (+177 %): that fp16 entry is no faster than the same
     layer's fp32 one (147 against 171 ms per sample), where the T4's GPT-2.7b entry is
-    3.6x its fp32; the T4's other 11 cases read -30 to +35 %.
+    3.6x its fp32; the T4's other 11 cases read -36 to +19 %.
 
-  The P100 (the 12 GB PCIe card of the profiles) read +13 to +81 % at its datasheet
+  The 72 W L4 read -51 to +4 % (median -35 %) at 27.5 TFLOP/s, the RTX 4090's TFLOP/s per
+  watt times 72 W: a GeForce card's, at half-rate fp32 accumulate. It now runs at its own
+  measured 53.8 TFLOP/s (fp16 8192², zzc0721/torch-performance-test-data issue #120): its
+  Llama layers, compute-bound under flash attention, read -20 to +11 %, but its GPT-1.3b
+  and 2.7b blocks (eager attention, memory-bound) +21 and +32 %: on those the L4 runs
+  about as fast as the T4 (T4 : L4 1.06, the model 0.65, issue 12's "T4 : L4 ≈ 1" of
+  tests/scheduler/test_roofline.py), which the model does not capture. The A10G
+  (-20 to -1 % at its dynamic-power scaling from the A6000) runs at its own 65.7: -12 to
+  +6 %. The P100 (the 12 GB PCIe card of the profiles) read +13 to +81 % at its datasheet
   fp16 rate; PyTorch's fp16 GEMMs accumulate in fp32, which a part without tensor cores
-  runs at its fp32 rate, so the catalogue now gives the P100 that rate (-2 to -34 %).
-- every pair of a group: median 18 %, worst 359 % (zorse's T4 GPT-6.7b entry in five of
-  the six worst pairs, its H100 NVL / L4 pair at Llama-tiny 512 in the sixth); against the
-  A100: median 12 %, worst 80 %.
+  runs at its fp32 rate, so the catalogue gives the P100 that rate, and now the 16 GB PCIe
+  card's measured 7.46 (-36 to -6 %).
+- every pair of a group: median 13 %, worst 331 % (zorse's T4 GPT-6.7b entry in the five
+  worst pairs, its H100 NVL / T4 pair at Llama-7b 512 in the sixth); against the A100:
+  median 10 %, worst 80 %.
 
 Run on purpose:
 

@@ -10,7 +10,15 @@ Published ratios (and where they come from):
   heterogeneous-training literature (the L4's fp16 peak is about the V100's; its
   300 GB/s and 72 W cap are not). Issue 12's V100 : L4 ≈ 2.7 was the one figure the
   L4's share was fitted to; the model no longer fits anything to an issue's quote
-  (issue 20), and it now gives about 3.4.
+  (issue 20). Since the L4 runs at its own measured GEMM rate (53.8 TFLOP/s at 8192²,
+  zzc0721/torch-performance-test-data issue #120; it was 27.5, the RTX 4090's TFLOP/s per
+  watt times 72 W) the model gives T4 : L4 ≈ 0.5 here and V100 : L4 ≈ 1.9, a strict xfail.
+  The held-out profiles say the same two things: Cephalo's/Zorse's GPT-2.7B block (eager
+  attention, sequence 512) runs about as fast on the two cards (T4 : L4 1.06, where the
+  model now gives 0.65), while their Llama layers, compute-bound under flash attention,
+  run on the L4 at 1.5-2x the old rate and within -20 to +11 % of the new one
+  (tests/benchmarks/test_speed_fidelity.py). What slows the L4 on the eager GPT blocks is
+  not modelled.
 - A100 : V100 between 1.95 and 2.5 for language-model training with fp16 tensor
   cores: Lambda, "NVIDIA A100 GPU Benchmarks for Deep Learning" (2020), an
   estimate from NVIDIA's published numbers rather than its own measurement.
@@ -70,8 +78,19 @@ def test_relative_speeds_of_four_gpu_types_match_published_measurements(
     micro_batch: int,
 ) -> None:
     rate = sample_rates(micro_batch)
-    assert rate["T4-16GB"] / rate["L4-24GB"] == pytest.approx(1.0, rel=TOLERANCE)
     assert 1.95 * (1 - TOLERANCE) <= rate["A100-80GB"] / rate["V100-32GB"] <= 2.5 * (1 + TOLERANCE)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the L4 at its own measured GEMM rate (53.8 TFLOP/s, 2.2x the T4's 24) runs "
+    "GPT-2.7B about twice the T4's rate in the model; the quoted ratio is about 1 (module "
+    "docstring)",
+)
+@pytest.mark.parametrize("micro_batch", [1, 2, 4])
+def test_the_t4_and_the_l4_run_gpt_2_7b_about_as_fast(micro_batch: int) -> None:
+    rate = sample_rates(micro_batch)
+    assert rate["T4-16GB"] / rate["L4-24GB"] == pytest.approx(1.0, rel=TOLERANCE)
 
 
 def test_peak_flops_alone_would_miss_the_l4() -> None:
@@ -87,8 +106,11 @@ def test_the_t4_sustains_its_measured_gemm_rate() -> None:
 def test_every_catalogue_entry_sustains_at_most_its_peak_and_bandwidth() -> None:
     for key, gpu in CATALOGUE.items():
         rates = Rates.of(gpu)
-        # GeForce cards boost a few percent above the clock their peak is quoted at
-        assert 0 < rates.flops_per_s / 1e12 <= 1.05 * gpu.peak_tflops, key
+        # GeForce cards boost above the clock their peak is quoted at: the RTX 4090 by 4 %
+        # (Mu Li's 172 of 165.2), the RTX 5090 by 7 % (zzc0721/torch-performance-test-data's
+        # median 224.2 of 209.5 at 8192²)
+        margin = 1.10 if gpu.segment == "geforce" else 1.05
+        assert 0 < rates.flops_per_s / 1e12 <= margin * gpu.peak_tflops, key
         assert 0 < rates.bytes_per_s / 1e9 <= gpu.bandwidth_gbps, key
 
 
@@ -103,14 +125,21 @@ def test_geforce_cards_sustain_only_their_half_rate_fp32_accumulate_peak() -> No
 
 def test_70_watt_cards_throttle_far_below_their_peak() -> None:
     # Their power cap binds, not their clock: at most TDP x the TFLOP/s per watt their
-    # architecture sustains on a card at its cap.
+    # architecture sustains on a card at its cap (the T4 and L4 measured themselves).
     for key in ("L4-24GB", "T4-16GB", "A2-16GB", "A16-16GB"):
         gpu = lookup(key)
         assert gpu.tdp_w <= POWER_CAPPED_W
         assert sustained_gemm_tflops(gpu) <= gpu.tdp_w * TFLOPS_PER_W[gpu.architecture], key
+    for key in ("L4-24GB", "T4-16GB"):
+        gpu = lookup(key)
         assert sustained_gemm_tflops(gpu) < 0.6 * gpu.peak_tflops, key  # uncapped: 0.75
-    # the L4 has the V100's fp16 peak and a quarter of its sustained rate
-    assert sustained_gemm_tflops(lookup("L4-24GB")) < 0.35 * sustained_gemm_tflops(
+    # the A2 and A16 (GA107, clocked for 60 W) do not: a 70 W RTX A2000 sustains 0.89 of
+    # its peak, more than their segment's share
+    for key in ("A2-16GB", "A16-16GB"):
+        gpu = lookup(key)
+        assert sustained_gemm_tflops(gpu) == pytest.approx(0.75 * gpu.peak_tflops), key
+    # the L4 has the V100's fp16 peak and, measured, 57 % of its sustained rate
+    assert sustained_gemm_tflops(lookup("L4-24GB")) < 0.6 * sustained_gemm_tflops(
         lookup("V100-32GB")
     )
     # a datacenter card above the cap without a capped card of its architecture keeps its
