@@ -208,6 +208,11 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/data-center/h200/",
         segment="datacenter",
         architecture="hopper",
+        # The H100 SXM5's GH100 at the same clocks and 700 W, with more and faster HBM: its
+        # matrix products run at the H100's measured rate (the module docstring's rule for a
+        # memory variant); the bandwidth is its own datasheet's.
+        measured_gemm_tflops=637.4,
+        measured_source=MLI_H100 + " (the H100 SXM5's chip, clocks and power)",
     ),
     GpuSpec(
         key="H100-80GB",

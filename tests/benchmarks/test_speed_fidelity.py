@@ -95,18 +95,18 @@ What the tables show (issue 20), and which effect each large error misses:
 - **zorse** (Cephalo's and Zorse's profiles: one layer's marginal fwd+bwd kernel time per
   sample under fp16 autocast, PyTorch 2.1; GPT 1.3B-6.7B blocks with eager attention at
   512 and Llama 1.1B-13B layers at 512, 1024 and 2048, flash-attention 2 on Ampere and
-  newer; eleven GPU types, 13 groups, 89 cases): median 8 %, worst 177 % (a strict
-  xfail). Per GPU, the median error: A100 40GB +4 %, A100 80GB -10 %, A10G +3 %, A6000
-  -11 %, V100 +2 %, P40 -4 %, T4 -8 %, P100 -16 %, L4 +6 %, and the two it misses (the
+  newer; eleven GPU types, 13 groups, 89 cases): median 9 %, worst 177 % (a strict
+  xfail). Per GPU, the median error: A100 40GB +5 %, A100 80GB -8 %, A10G +3 %, A6000
+  -11 %, V100 +4 %, P40 -4 %, T4 -4 %, P100 -16 %, L4 +8 %, and the two it misses (the
   A100 80GB and A6000 moved from +2 and 0 % with no change of their own: each case is
   against its group's geometric mean, and the L4, in most groups, now runs faster):
 
-  - *the 400 W H100 NVL* (+54 to +60 %): it runs at about 0.64x the model's rate, 0.75 of
-    its 835 dense TFLOP/s; no public GEMM figure of the NVL was found. The 350 W H100
-    PCIe measures 437 TFLOP/s, 0.58 of its peak, at 8192² (the catalogue's measured
-    rate); scaling the NVL from it by dynamic power would also move the 700 W parts, and
-    the same source's H200 summary (759, the maximum over sizes) says they do not
-    throttle so.
+  - *the 400 W H100 NVL* (+25 to +32 %; it read +54 to +60 % at 0.75 of its 835 dense
+    TFLOP/s): no public GEMM figure of the NVL was found, so it scales by dynamic power
+    from the 350 W H100 PCIe, whose own measurement, 437 TFLOP/s at 8192² (0.58 of its
+    peak), shows its cap binding (``CAPPED_REFERENCE``), to about 490. It still runs at
+    about 0.77x that. The 700 W parts keep their rates: the H100 SXM and the H200 (the
+    same chip at the same power) run at the H100 SXM's own measured 637.
   - *the T4's GPT-6.7b entry* (+177 %): that fp16 entry is no faster than the same
     layer's fp32 one (147 against 171 ms per sample), where the T4's GPT-2.7b entry is
     3.6x its fp32; the T4's other 11 cases read -36 to +19 %.
@@ -124,8 +124,8 @@ What the tables show (issue 20), and which effect each large error misses:
   runs at its fp32 rate, so the catalogue gives the P100 that rate, and now the 16 GB PCIe
   card's measured 7.46 (-36 to -6 %).
 - every pair of a group: median 13 %, worst 331 % (zorse's T4 GPT-6.7b entry in the five
-  worst pairs, its H100 NVL / T4 pair at Llama-7b 512 in the sixth); against the A100:
-  median 10 %, worst 80 %.
+  worst pairs, its P40 / T4 pair at Llama-tiny 512 in the sixth); against the A100:
+  median 10 %, worst 44 %.
 
 Run on purpose:
 
@@ -598,7 +598,7 @@ STUDIES = [
     _known_miss(
         "zorse",
         "Cephalo's/Zorse's layer profiles: the T4's GPT-6.7b entry is no faster than its fp32 "
-        "one (+177 %), the 400 W H100 NVL runs at about 0.6x the model's rate (+54 to +60 %), "
+        "one (+177 %), the 400 W H100 NVL runs at about 0.77x the model's rate (+25 to +32 %), "
         "and the L4 runs the eager GPT blocks slower than its measured GEMM rate gives "
         "(+21 %, +32 %): no public figure of what slows them was found (module docstring)",
     ),
