@@ -1,7 +1,9 @@
 """``hetsched gpus``: the GPU catalogue that cluster specs and analytic profiles draw on.
 
-hetsched gpus           a table: key, name, TFLOP/s, memory, bandwidth, power, source
-hetsched gpus --json    every figure, the interconnect and the source's address, as JSON
+hetsched gpus           a table: key, name, TFLOP/s (peak, and sustained as plans price it),
+                        memory, bandwidth, power, source
+hetsched gpus --json    every figure, the interconnect, the sustained rates and the sources
+                        of the measurements behind them, as JSON
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 
 from api.commands.common import add_command
 from api.commands.plan import format_table
-from scheduler.hardware.catalogue import CATALOGUE
+from scheduler.cost.roofline import sustained_bandwidth_gbps, sustained_gemm_tflops
+from scheduler.hardware.catalogue import CATALOGUE, GpuSpec
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
                         "interconnect": g.interconnect,
                         "source": g.source,
                         "url": g.url,
+                        "sustained_tflops": round(sustained_gemm_tflops(g), 2),
+                        "sustained_bandwidth_gbps": round(sustained_bandwidth_gbps(g), 1),
+                        "measured_gemm_tflops": g.measured_gemm_tflops,
+                        "measured_bandwidth_gbps": g.measured_bandwidth_gbps,
+                        "measured_source": g.measured_source or None,
                     }
                     for g in gpus
                 ],
@@ -44,12 +52,22 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    headers = ["KEY", "NAME", "TFLOP/S", "MEMORY GB", "BANDWIDTH GB/S", "POWER W", "SOURCE"]
+    headers = [
+        "KEY",
+        "NAME",
+        "TFLOP/S",
+        "SUSTAINED",
+        "MEMORY GB",
+        "BANDWIDTH GB/S",
+        "POWER W",
+        "SOURCE",
+    ]
     rows = [
         [
             g.key,
             g.name,
             f"{g.peak_tflops:g}",
+            _sustained(g),
             f"{g.memory_gb:g}",
             f"{g.bandwidth_gbps:g}",
             f"{g.tdp_w:g}",
@@ -57,9 +75,18 @@ def run(args: argparse.Namespace) -> int:
         ]
         for g in gpus
     ]
-    print(format_table(headers, rows, right={2, 3, 4, 5}))
+    print(format_table(headers, rows, right={2, 3, 4, 5, 6}))
     print(
         "\nTFLOP/s: peak dense bf16/fp16 tensor math with fp32 accumulate (fp32 where 16-bit"
-        "\nmath has no speed-up), vendor figures; `--json` adds fp32 and the interconnect."
+        "\nmath has no speed-up), vendor figures. SUSTAINED: what analytic plans price a"
+        "\n16-bit matrix product at (scheduler/cost/roofline.py); * a published measurement of"
+        "\nthe part, else its segment's share of peak or its power cap's bound. `--json` adds"
+        "\nfp32, the interconnect, the sustained bandwidth and each measurement's source."
     )
     return 0
+
+
+def _sustained(gpu: GpuSpec) -> str:
+    tflops = sustained_gemm_tflops(gpu)
+    measured = "*" if gpu.measured_gemm_tflops is not None else ""
+    return (f"{tflops:,.0f}" if tflops >= 100 else f"{tflops:.3g}") + measured

@@ -26,11 +26,16 @@ def test_gpus_table_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> N
     code, out, err = run_cli(capsys, "gpus")
     assert code == 0 and err == ""
     header = out.splitlines()[0]
-    for column in ("KEY", "NAME", "TFLOP/S", "MEMORY", "BANDWIDTH", "SOURCE"):
+    for column in ("KEY", "NAME", "TFLOP/S", "SUSTAINED", "MEMORY", "BANDWIDTH", "SOURCE"):
         assert column in header
     for key, gpu in CATALOGUE.items():
         (line,) = [row for row in out.splitlines() if row.startswith(key + " ")]
         assert gpu.name in line and gpu.source in line and f"{gpu.peak_tflops:g}" in line
+    # what plans price a card at, marked where a measurement of the card sets it
+    (l4,) = [row.split() for row in out.splitlines() if row.startswith("L4-24GB ")]
+    assert "53.8*" in l4
+    (nvl,) = [row.split() for row in out.splitlines() if row.startswith("H100NVL-94GB ")]
+    assert "488" in nvl  # scaled from the measured H100 PCIe by its power, not 0.75 of 835
 
 
 def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,6 +45,10 @@ def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [g["key"] for g in gpus] == list(CATALOGUE)
     h100 = next(g for g in gpus if g["key"] == "H100-80GB")
     assert h100["peak_tflops"] == 989.0 and h100["memory_gb"] == 80 and h100["source"]
+    assert h100["sustained_tflops"] == h100["measured_gemm_tflops"] == 637.4
+    assert "transformers-benchmarks" in h100["measured_source"]
+    l4 = next(g for g in gpus if g["key"] == "L4-24GB")
+    assert l4["sustained_tflops"] < l4["peak_tflops"] / 2  # its 72 W cap binds
 
 
 def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
