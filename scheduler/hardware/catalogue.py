@@ -195,43 +195,39 @@ _GPUS = [
         bandwidth_gbps=4900,
         source="NVIDIA GH200 Grace Hopper Superchip datasheet, HBM3e version",
     ),
-    GpuSpec(
+    (
+        h100 := GpuSpec(
+            key="H100-80GB",
+            name="NVIDIA H100 SXM5",
+            peak_tflops=989.0,
+            fp32_tflops=67.0,
+            memory_gb=80,
+            bandwidth_gbps=3350,
+            tdp_w=700,
+            interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
+            source="NVIDIA H100 datasheet, SXM column (2023)",
+            url=H100_DS,
+            segment="datacenter",
+            architecture="hopper",
+            # The same notebook's vector multiply reads 3,835 GB/s at 4 M floats, above the
+            # 3,350 of the datasheet: its 32 MB working set stays in the 50 MB L2, so it is no
+            # DRAM figure and none is taken.
+            measured_gemm_tflops=637.4,
+            measured_source=MLI_H100,
+        )
+    ),
+    # The H100 SXM5's GH100 at the same clocks and 700 W with more and faster HBM: its matrix
+    # products run at the H100's measured rate (the module docstring's rule for a memory
+    # variant); the bandwidth is its own datasheet's.
+    replace(
+        h100,
         key="H200-141GB",
         name="NVIDIA H200 SXM",
-        peak_tflops=989.0,
-        fp32_tflops=67.0,
         memory_gb=141,
         bandwidth_gbps=4800,
-        tdp_w=700,
-        interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
         source="NVIDIA H200 datasheet (2024)",
         url="https://www.nvidia.com/en-us/data-center/h200/",
-        segment="datacenter",
-        architecture="hopper",
-        # The H100 SXM5's GH100 at the same clocks and 700 W, with more and faster HBM: its
-        # matrix products run at the H100's measured rate (the module docstring's rule for a
-        # memory variant); the bandwidth is its own datasheet's.
-        measured_gemm_tflops=637.4,
         measured_source=MLI_H100 + " (the H100 SXM5's chip, clocks and power)",
-    ),
-    GpuSpec(
-        key="H100-80GB",
-        name="NVIDIA H100 SXM5",
-        peak_tflops=989.0,
-        fp32_tflops=67.0,
-        memory_gb=80,
-        bandwidth_gbps=3350,
-        tdp_w=700,
-        interconnect="NVLink 4, 900 GB/s; PCIe 5.0 x16",
-        source="NVIDIA H100 datasheet, SXM column (2023)",
-        url=H100_DS,
-        segment="datacenter",
-        architecture="hopper",
-        # The same notebook's vector multiply reads 3,835 GB/s at 4 M floats, above the
-        # 3,350 of the datasheet: its 32 MB working set stays in the 50 MB L2, so it is no
-        # DRAM figure and none is taken.
-        measured_gemm_tflops=637.4,
-        measured_source=MLI_H100,
     ),
     GpuSpec(
         key="H100NVL-94GB",
