@@ -311,7 +311,7 @@ def even_shards(
 
 
 def _fastest_only_starts(
-    cl: Classes, sf: ShardingFigures, args: tuple[Classes, ShardingFigures, int, float]
+    cl: Classes, sf: ShardingFigures, num_ranks: int, link_gbps: float
 ) -> list[FloatArray]:
     """The most even shards beside one sample on the ``j`` fastest classes only, for each
     ``j`` below the number of classes: the slower devices hold shards and take no samples,
@@ -326,7 +326,7 @@ def _fastest_only_starts(
     for j in range(1, len(order)):
         act = np.zeros_like(cl.least_act)
         act[order[:j]] = cl.least_act[order[:j]]
-        shards = even_shards(*args, act)
+        shards = even_shards(cl, sf, num_ranks, link_gbps, act)
         if shards is not None:
             out.append(shards)
     return out
@@ -348,7 +348,7 @@ def best_for_group(
     ]
     if len(starts) == 2:
         starts.append((starts[0] + starts[1]) / 2)
-    starts.extend(_fastest_only_starts(cl, sf, args))
+    starts.extend(_fastest_only_starts(*args))
     solutions = []
     for shards in starts:
         sol = solve_group(
