@@ -1,7 +1,8 @@
 """``hetsched cluster-sim``: replay a job trace on a cluster under scheduling policies.
 
     hetsched cluster-sim --cluster deploy/clusters/hetero-64.yaml \\
-        --trace deploy/traces/example.csv --policy fifo,fair,goodput [--json] [--chart jct.png]
+        --trace deploy/traces/example.csv --policy fifo,fair,goodput [--json] [--chart jct.png] \\
+        [--bound]
     hetsched cluster-sim --generate 200 --rate 6 --seed 0 [-o trace.csv]
     hetsched cluster-sim --trace gavel.trace --trace-format gavel [-o trace.csv]
 
@@ -10,11 +11,13 @@ training, the cost model only) and prints a table of average, median and 99th
 percentile job completion time, makespan, utilisation and slowest decision;
 ``--json`` prints one JSON object and nothing else; ``--chart`` writes a PNG
 of every job's completion time per policy (needs matplotlib: the ``plot``
-extra). The second form writes a generated trace (CSV, see
-:mod:`scheduler.clustersim.trace`) to ``-o`` or stdout. ``--trace-format gavel|sia``
-reads a public trace (Gavel's ``.trace``, Sia's workload CSV) and converts each job
-into a transformer job of the same duration (:mod:`scheduler.clustersim.imports`);
-without ``--cluster`` the third form writes the converted trace.
+extra); ``--bound`` adds the lower bounds of :mod:`scheduler.clustersim.bound`, the
+average JCT no policy can beat on this trace and cluster. The second form writes a
+generated trace (CSV, see :mod:`scheduler.clustersim.trace`) to ``-o`` or stdout.
+``--trace-format gavel|sia`` reads a public trace (Gavel's ``.trace``, Sia's workload
+CSV) and converts each job into a transformer job of the same duration
+(:mod:`scheduler.clustersim.imports`); without ``--cluster`` the third form writes the
+converted trace.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from api.commands.common import add_cluster_argument, add_command
 from api.commands.plan import format_table
+from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
 from scheduler.clustersim.simulator import SimResult, SimSettings, replay_policy, simulate
 from scheduler.clustersim.trace import TraceJob, generate_trace, trace_to_csv
@@ -73,6 +77,11 @@ def add_parser(subparsers: Any) -> None:
         help="checkpoint + restart time when a running job's devices change (default %(default)g)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="also compute the average JCT no policy can beat (a linear program; seconds)",
+    )
     parser.add_argument(
         "--chart", metavar="PNG", type=Path, help="write a chart of JCTs per policy"
     )
@@ -131,13 +140,25 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"simulating {policy} ...", file=sys.stderr)
             results.append(simulate(cluster, trace, policy=policy, settings=settings, rates=rates))
+        bounds = _bounds(cluster, trace, rates, results) if args.bound else None
     if args.json:
-        print(json.dumps(report(cluster, args.trace, trace, results)))
+        print(json.dumps(report(cluster, args.trace, trace, results, bounds)))
     else:
-        print(render(cluster, args.trace, trace, results))
+        print(render(cluster, args.trace, trace, results, bounds))
     if args.chart:
         write_chart(results, args.chart)
     return 0
+
+
+def _bounds(
+    cluster: Cluster, trace: list[TraceJob], rates: PlannedRates, results: list[SimResult]
+) -> dict[str, float]:
+    """Both lower bounds on average JCT, the shared one over the replays' span."""
+    horizon_s = max(r.makespan_s for r in results) + min(j.arrival_s for j in trace)
+    return {
+        "alone_avg_jct_s": alone_avg_jct_s(trace, cluster, rates),
+        "shared_avg_jct_s": shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s),
+    }
 
 
 def _write(jobs: list[TraceJob], output: Path | None) -> int:
@@ -167,21 +188,34 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def report(
-    cluster: Cluster, path: Path, trace: list[TraceJob], results: list[SimResult]
+    cluster: Cluster,
+    path: Path,
+    trace: list[TraceJob],
+    results: list[SimResult],
+    bounds: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The ``--json`` document."""
-    return {
+    """The ``--json`` document (``lower_bound`` with ``--bound``)."""
+    out: dict[str, Any] = {
         "cluster": {"name": cluster.name, "num_devices": len(cluster.devices)},
         "trace": {"path": str(path), "num_jobs": len(trace)},
         "policies": [r.to_dict() for r in results],
     }
+    if bounds is not None:
+        out["lower_bound"] = {**bounds, "avg_jct_s": max(bounds.values())}
+    return out
 
 
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
-def render(cluster: Cluster, path: Path, trace: list[TraceJob], results: list[SimResult]) -> str:
+def render(
+    cluster: Cluster,
+    path: Path,
+    trace: list[TraceJob],
+    results: list[SimResult],
+    bounds: dict[str, float] | None = None,
+) -> str:
     headers = [
         "POLICY",
         "AVG JCT",
@@ -217,6 +251,12 @@ def render(cluster: Cluster, path: Path, trace: list[TraceJob], results: list[Si
                 change = 1 - r.avg_jct_s / base.avg_jct_s
                 word = "lower" if change >= 0 else "higher"
                 lines.append(f"{r.policy}: average JCT {abs(change):.0%} {word} than fifo")
+    if bounds is not None:
+        lines.append(
+            f"no policy averages below {_hours(max(bounds.values()))} here (lower bounds: "
+            f"{_hours(bounds['alone_avg_jct_s'])} with every job alone on its best allocation, "
+            f"{_hours(bounds['shared_avg_jct_s'])} sharing the cluster)"
+        )
     return "\n".join(lines)
 
 

@@ -96,6 +96,21 @@ def test_table_compares_policies_with_fifo(
     assert "simulating goodput" in err
 
 
+def test_bound_says_what_no_policy_beats_and_every_policy_is_above_it(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _simulate(capsys, files, "--bound", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    bound = doc["lower_bound"]
+    assert bound["avg_jct_s"] == max(bound["alone_avg_jct_s"], bound["shared_avg_jct_s"]) > 0
+    for p in doc["policies"]:
+        assert p["avg_jct_s"] >= bound["avg_jct_s"], p["policy"]
+    code, out, _ = _simulate(capsys, files, "--bound", "--policy", "goodput")
+    assert code == 0
+    assert out.splitlines()[-1].startswith("no policy averages below ")
+
+
 def test_chart_is_a_png(
     files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
