@@ -80,7 +80,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--bound",
         action="store_true",
-        help="also compute the average JCT no policy can beat (a linear program; seconds)",
+        help="also print the average JCT no policy beats (a linear program: seconds to a minute)",
     )
     parser.add_argument(
         "--chart", metavar="PNG", type=Path, help="write a chart of JCTs per policy"
