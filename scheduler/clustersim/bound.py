@@ -8,23 +8,25 @@ and types), both without restart costs:
   fastest configuration. It ignores that jobs share the cluster, so on a cluster whose
   fast devices are few it is far below what any schedule reaches.
 - :func:`shared_avg_jct_s`: a time-indexed linear program that keeps the cluster's
-  capacity per device class in every time slot, with the mean-busy-time relaxation of
-  completion time (Hall, Schulz, Shmoys and Wein, Math. Oper. Res. 1997; Queyranne
-  and Schulz's polyhedral view of scheduling). A job whose work is done at a rate of at
-  most its fastest configuration's finishes no earlier than its mean busy time plus
-  half its fastest run time, so the program's optimum is below every schedule's average
-  JCT. Time is cut into slots, a job's work in a slot is charged at the slot's start,
-  and work after the horizon at the horizon, which keeps the bound valid for any
-  horizon and slot length (a longer horizon and shorter slots tighten it).
+  capacity per device class in every time slot (time-indexed relaxations as in Hall,
+  Schulz, Shmoys and Wein, Math. Oper. Res. 1997), with completion times bounded through
+  mean busy times (Goemans, Queyranne, Schulz, Skutella and Wang, SIAM J. Discrete Math.
+  2002): a job whose work is done at a rate of at most its fastest configuration's
+  finishes no earlier than its mean busy time plus half its fastest run time, and no
+  earlier than its fastest run time after its arrival, so the program's optimum is below
+  every schedule's average JCT and never below the first bound. Time is cut into slots,
+  a job's work in a slot is charged at the slot's start, and work after the horizon at
+  the horizon, which keeps the bound valid for any horizon and slot length (a longer
+  horizon and shorter slots tighten it).
 
-The sweep (tests/benchmarks/test_policy_sweep.py) reports both beside each policy's
-replay: the larger of the two is the most any policy could gain.
+The sweep (tests/benchmarks/test_policy_sweep.py) and ``hetsched cluster-sim --bound``
+report both: the second is the most any policy could gain.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog  # type: ignore[import-untyped]
@@ -72,67 +74,93 @@ def shared_avg_jct_s(
     horizon_s: float,
     slots: int = DEFAULT_SLOTS,
 ) -> float:
-    """A lower bound on the average JCT of any schedule of ``trace`` on ``cluster``.
+    """A lower bound on the average JCT of any schedule of ``trace`` on ``cluster``, never
+    below :func:`alone_avg_jct_s`.
 
     Variables ``x[j,c,k] ≥ 0``: the share of slot ``k`` in which job ``j`` runs
     configuration ``c`` (from its arrival on); ``y[j] ≥ 0``: the share of its work done
-    after ``horizon_s``. Constraints: a job runs at most one configuration at a time
-    (``Σ_c x[j,c,k] ≤`` the part of slot ``k`` after its arrival), no class is over-used
-    in any slot, and every job's work is done. Minimised: ``Σ_j`` (mean busy time − arrival
-    + half the job's fastest run time), its work in a slot counted at the slot's start.
+    after ``horizon_s``; ``z[j]``: its JCT. Constraints: a job runs at most one
+    configuration at a time (``Σ_c x[j,c,k] ≤`` the part of slot ``k`` after its
+    arrival), no class is over-used in any slot, every job's work is done, and ``z[j]`` is
+    at least the job's mean busy time − its arrival + half its fastest run time (its work
+    in a slot counted at the slot's start) and at least its fastest run time. Minimised:
+    ``Σ_j z[j]``.
     """
     classes = ClusterClasses.of(cluster)
     class_row = {c: i for i, c in enumerate(classes.ids)}
     slot_s = horizon_s / slots
-    ub_rows = slots * len(class_row)
-    b_ub = [float(len(ids)) for _ in range(slots) for ids in classes.ids.values()]
-    ub_i: list[int] = []
-    ub_j: list[int] = []
-    ub_v: list[float] = []
-    eq_j: list[int] = []
-    eq_i: list[int] = []
-    eq_v: list[float] = []
-    cost: list[float] = []
-    constant_s = 0.0
+    lp = _Program(num_rows=slots * len(class_row))
+    lp.b_ub = [float(len(ids)) for _ in range(slots) for ids in classes.ids.values()]
     for j, job in enumerate(trace):
         configs = job_configs(classes, job, rates)
         work = job.steps * job.global_batch
-        constant_s += work / max(r for _, r in configs) / 2
+        fastest_s = work / max(r for _, r in configs)
+        jct_row = lp.row(-fastest_s / 2)  # mean busy time - arrival + fastest/2 <= z[j]
         for k in range(int(job.arrival_s // slot_s), slots):
             start_s = max(k * slot_s, job.arrival_s)
             if start_s >= (k + 1) * slot_s:
                 continue
-            b_ub.append(((k + 1) * slot_s - start_s) / slot_s)
+            one_config = lp.row(((k + 1) * slot_s - start_s) / slot_s)
             for config, r in configs:
                 share = r * slot_s / work  # of the job's work, per unit of x
-                var = len(cost)
-                cost.append((start_s - job.arrival_s) * share)
-                ub_i.append(ub_rows)
-                ub_j.append(var)
-                ub_v.append(1.0)
+                var = lp.var(0.0, 0.0)
+                lp.ub(one_config, var, 1.0)
+                lp.ub(jct_row, var, (start_s - job.arrival_s) * share)
                 for device_class, n in config.parts:
-                    ub_i.append(k * len(class_row) + class_row[device_class])
-                    ub_j.append(var)
-                    ub_v.append(float(n))
-                eq_i.append(j)
-                eq_j.append(var)
-                eq_v.append(share)
-            ub_rows += 1
-        eq_i.append(j)
-        eq_j.append(len(cost))
-        eq_v.append(1.0)
-        cost.append(max(horizon_s - job.arrival_s, 0.0))
-    n = len(cost)
-    result = linprog(
-        np.array(cost),
-        A_ub=coo_array((ub_v, (ub_i, ub_j)), shape=(ub_rows, n)).tocsr(),
-        b_ub=np.array(b_ub),
-        A_eq=coo_array((eq_v, (eq_i, eq_j)), shape=(len(trace), n)).tocsr(),
-        b_eq=np.ones(len(trace)),
-        bounds=(0, None),
-        method="highs",
-    )
-    if result.status != 0:
-        raise RuntimeError(f"the bound's linear program failed: {result.message}")
-    bound_s = (result.fun + constant_s) / len(trace)
-    return bound_s if math.isfinite(bound_s) else 0.0
+                    lp.ub(k * len(class_row) + class_row[device_class], var, float(n))
+                lp.eq(j, var, share)
+        after = lp.var(0.0, 0.0)
+        lp.ub(jct_row, after, max(horizon_s - job.arrival_s, 0.0))
+        lp.eq(j, after, 1.0)
+        lp.ub(jct_row, lp.var(1.0, fastest_s), -1.0)
+    return lp.minimum(len(trace)) / len(trace)
+
+
+class _Program:
+    """A sparse linear program built entry by entry: ``min cost·v`` subject to
+    ``A_ub·v ≤ b_ub``, ``A_eq·v = 1`` (one row per job) and ``v ≥ lower``."""
+
+    def __init__(self, *, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self.b_ub: list[float] = []
+        self.cost: list[float] = []
+        self.lower: list[float] = []
+        self.ub_at: list[tuple[int, int, float]] = []
+        self.eq_at: list[tuple[int, int, float]] = []
+
+    def row(self, bound: float) -> int:
+        """A new ``≤ bound`` row."""
+        self.b_ub.append(bound)
+        self.num_rows += 1
+        return self.num_rows - 1
+
+    def var(self, cost: float, lower: float) -> int:
+        self.cost.append(cost)
+        self.lower.append(lower)
+        return len(self.cost) - 1
+
+    def ub(self, row: int, var: int, value: float) -> None:
+        self.ub_at.append((row, var, value))
+
+    def eq(self, row: int, var: int, value: float) -> None:
+        self.eq_at.append((row, var, value))
+
+    def minimum(self, num_eq: int) -> float:
+        n = len(self.cost)
+        result = linprog(
+            np.array(self.cost),
+            A_ub=_sparse(self.ub_at, (self.num_rows, n)),
+            b_ub=np.array(self.b_ub),
+            A_eq=_sparse(self.eq_at, (num_eq, n)),
+            b_eq=np.ones(num_eq),
+            bounds=np.array([(lo, np.inf) for lo in self.lower]),
+            method="highs",
+        )
+        if result.status != 0:
+            raise RuntimeError(f"the bound's linear program failed: {result.message}")
+        return float(result.fun)
+
+
+def _sparse(entries: list[tuple[int, int, float]], shape: tuple[int, int]) -> Any:
+    rows, cols, values = zip(*entries, strict=True) if entries else ((), (), ())
+    return coo_array((values, (rows, cols)), shape=shape).tocsr()
