@@ -114,11 +114,13 @@ def _policies(text: str) -> list[PolicyName]:
 
 def run(args: argparse.Namespace) -> int:
     if args.generate is not None:
-        if args.cluster or args.trace or args.json or args.chart:
+        if args.cluster or args.trace or args.json or args.chart or args.bound:
             raise HetschedError("--generate: writes a trace; run it without --cluster/--trace")
         return _write(
             generate_trace(args.generate, jobs_per_hour=args.rate, seed=args.seed), args.output
         )
+    if args.bound and not args.cluster:
+        raise HetschedError("--bound: a bound is for a trace on a cluster; give --cluster FILE")
     if args.trace and not args.cluster and args.trace_format != "csv":
         return _write(load_any(args.trace, args.trace_format), args.output)
     if not args.cluster or not args.trace:

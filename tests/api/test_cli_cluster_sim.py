@@ -164,6 +164,10 @@ def test_a_bad_trace_row_names_row_and_column(
 def test_missing_inputs_say_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "cluster-sim")
     assert code == 2 and "give --cluster FILE and --trace FILE, or --generate N" in err
+    code, _, err = run_cli(capsys, "cluster-sim", "--trace", "t.trace", "--bound")
+    assert code == 2 and "--bound: a bound is for a trace on a cluster; give --cluster FILE" in err
+    code, _, err = run_cli(capsys, "cluster-sim", "--generate", "5", "--bound")
+    assert code == 2 and "--generate: writes a trace; run it without" in err
 
 
 def test_a_public_trace_converts_and_replays(
