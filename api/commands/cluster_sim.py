@@ -142,7 +142,15 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"simulating {policy} ...", file=sys.stderr)
             results.append(simulate(cluster, trace, policy=policy, settings=settings, rates=rates))
-        bounds = _bounds(cluster, trace, rates, results) if args.bound else None
+        bounds = None
+        if args.bound:
+            if not args.json:
+                print(
+                    f"bounding the average JCT of {len(trace)} jobs (a linear program; "
+                    "seconds to a few minutes) ...",
+                    file=sys.stderr,
+                )
+            bounds = _bounds(cluster, trace, rates, results)
     if args.json:
         print(json.dumps(report(cluster, args.trace, trace, results, bounds)))
     else:

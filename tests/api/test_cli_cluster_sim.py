@@ -106,9 +106,11 @@ def test_bound_says_what_no_policy_beats_and_every_policy_is_above_it(
     assert bound["avg_jct_s"] == bound["shared_avg_jct_s"] >= bound["alone_avg_jct_s"] > 0
     for p in doc["policies"]:
         assert p["avg_jct_s"] >= bound["avg_jct_s"], p["policy"]
-    code, out, _ = _simulate(capsys, files, "--bound", "--policy", "goodput")
+    code, out, err = _simulate(capsys, files, "--bound", "--policy", "goodput")
     assert code == 0
     assert out.splitlines()[-1].startswith("no policy averages below ")
+    # The program can take minutes: the user is told what it is waiting for.
+    assert "bounding the average JCT of" in err
 
 
 def test_chart_is_a_png(
