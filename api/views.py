@@ -252,12 +252,16 @@ def cluster_public(
                 memory_bytes=memory_bytes,
             )
         )
+    own = dict(cluster.links.nodes)
     return ClusterPublic.model_validate(
         {
             **shown,
             "name": cluster.name,
-            "links": cluster.links.to_dict(),
-            "nodes": [NodePublic(name=n, devices=devs) for n, devs in nodes.items()],
+            "links": cluster.links.cluster_wide(),
+            "nodes": [
+                NodePublic(name=n, devices=devs, links=own[n].to_dict() if n in own else {})
+                for n, devs in nodes.items()
+            ],
             "num_devices": len(cluster.devices),
         }
     )

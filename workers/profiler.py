@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -341,6 +341,8 @@ def _measure_links(
     )
     measured = float(min(gbps))
     multi_node = len({cluster.device(i).node for i in ids}) > 1
+    # The measured figure replaces the cluster-wide one; nodes the spec gives their own
+    # links keep them.
     if multi_node:
-        return Links(intra_node_gbps=cluster.links.intra_node_gbps, inter_node_gbps=measured)
-    return Links(intra_node_gbps=measured, inter_node_gbps=cluster.links.inter_node_gbps)
+        return replace(cluster.links, inter_node_gbps=measured)
+    return replace(cluster.links, intra_node_gbps=measured)

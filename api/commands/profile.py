@@ -126,9 +126,14 @@ def render(profile: Profile) -> str:
         right={2, 3, 4, 5, 6, 7, 8},
     )
     links = profile.links
+    own = ""
+    for name, node in links.nodes:
+        figures = {"intra-node": node.intra_node_gbps, "inter-node": node.inter_node_gbps}
+        given = ", ".join(f"{k} {v:g}" for k, v in figures.items() if v is not None)
+        own += f", {name}'s own: {given} Gbit/s"
     return (
         f"profile of {profile.model} ({profile.source})\n{table}\n"
         f"links: intra-node {links.intra_node_gbps:g} Gbit/s, "
-        f"inter-node {links.inter_node_gbps:g} Gbit/s; "
+        f"inter-node {links.inter_node_gbps:g} Gbit/s{own}; "
         f"gradients {profile.gradient_bytes / 1e6:.1f} MB per step"
     )

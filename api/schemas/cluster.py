@@ -58,6 +58,9 @@ class DevicePublic(BaseModel):
 class NodePublic(BaseModel):
     name: str
     devices: list[DevicePublic]
+    links: dict[str, float] = {}
+    """The node's own links where the spec gives them (``intra_node_gbps``,
+    ``inter_node_gbps``); the cluster's ``links`` hold for the rest."""
 
 
 class ClusterPublic(BaseModel):

@@ -53,7 +53,7 @@ def peak_bytes(device: DeviceProfile, micro_batch: int) -> int:
 
 def slowest_link_gbps(links: Links, nodes: Iterable[str]) -> float:
     """Bandwidth of the slowest hop of a ring over devices on ``nodes``."""
-    return links.inter_node_gbps if len(set(nodes)) > 1 else links.intra_node_gbps
+    return links.between(nodes)
 
 
 def ring_allreduce_s(num_devices: int, gradient_bytes: int, link_gbps: float) -> float:

@@ -30,7 +30,7 @@ from scheduler.cost.table import DeviceTable
 from scheduler.errors import ProfileError
 from scheduler.hardware.capacity import usable_capacity_bytes
 from scheduler.hardware.catalogue import DEFAULT_FLOPS_SHARE, lookup
-from scheduler.hardware.cluster import Cluster, Device, Links
+from scheduler.hardware.cluster import Cluster, Device, Links, NodeLinks
 from scheduler.hardware.precision import PRECISIONS, JobPrecision, Precision
 from scheduler.models.activations import RECOMPUTE_MODES, Recompute, Stored
 from scheduler.models.presets import MIXED_PRECISION_STATE_BYTES_PER_PARAM, PRESETS, ModelPreset
@@ -127,6 +127,24 @@ def _num(
     if positive and value <= 0:
         raise ProfileError(f"profile: {where}.{key} must be > 0, got {value!r}")
     return value
+
+
+def _node_links(raw: Any) -> tuple[tuple[str, NodeLinks], ...]:
+    """``links.nodes``: each node whose links differ, by name, with either figure."""
+    if not isinstance(raw, dict):
+        raise ProfileError("profile: links.nodes must be an object of node name to links")
+    out = []
+    for name, own in raw.items():
+        where = f"links.nodes.{name}"
+        if not isinstance(own, dict):
+            raise ProfileError(f"profile: {where} must be an object")
+        figures = {
+            k: float(_num(where, own, k, positive=True))
+            for k in ("intra_node_gbps", "inter_node_gbps")
+            if k in own
+        }
+        out.append((str(name), NodeLinks(**figures)))
+    return tuple(out)
 
 
 def _recompute(where: str, raw: Any) -> dict[str, RecomputeCost]:
@@ -255,6 +273,7 @@ def profile_from_dict(data: Any) -> Profile:
         inter_node_gbps=float(_num("links", raw_links, "inter_node_gbps", positive=True))
         if "inter_node_gbps" in raw_links
         else defaults.inter_node_gbps,
+        nodes=_node_links(raw_links.get("nodes") or {}),
     )
     gradient_bytes = (
         int(_num("profile", data, "gradient_bytes", integer=True))

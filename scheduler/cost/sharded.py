@@ -268,8 +268,8 @@ def gathered_bytes(sf: ShardingFigures, num_ranks: int, theta: float) -> float:
 
 
 def link_gbps_of(links: Links, devices: Sequence[DeviceProfile]) -> float:
-    """The slowest link of a group: intra-node when all of it is on one node."""
-    return links.intra_node_gbps if len({d.node for d in devices}) == 1 else links.inter_node_gbps
+    """The slowest link of a group: its node's own when all of it is on one node."""
+    return links.between(d.node for d in devices)
 
 
 # --- time -------------------------------------------------------------------------
@@ -356,6 +356,7 @@ def group_step_s(
 
 
 def cross_group_s(sf: ShardingFigures, links: Links, num_groups: int, theta: float) -> float:
-    """HSDP: rank ``j`` of every group all-reduces its slice of the gradients, once a step."""
+    """HSDP: rank ``j`` of every group all-reduces its slice of the gradients, once a step
+    (across nodes: priced at the slowest network card)."""
     size = int(theta * sf.numel * sf.grad_bytes_per_element)
-    return ring_allreduce_s(num_groups, size, links.inter_node_gbps)
+    return ring_allreduce_s(num_groups, size, links.slowest_card)

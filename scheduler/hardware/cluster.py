@@ -7,7 +7,7 @@ allowed; nothing here raises anything but :class:`SpecError`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,14 +52,74 @@ class Device:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class NodeLinks:
+    """One node's own links where they differ from the cluster's."""
+
+    intra_node_gbps: float | None = None
+    """Between its devices (its NVLink or PCIe), in Gbit/s; None: the cluster's."""
+    inter_node_gbps: float | None = None
+    """Its network card, in Gbit/s; None: the cluster's."""
+
+    def to_dict(self) -> dict[str, float]:
+        out = {"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Links:
     intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
     """Bandwidth between devices of one node, in Gbit/s."""
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
     """Bandwidth between nodes, in Gbit/s."""
+    nodes: tuple[tuple[str, NodeLinks], ...] = ()
+    """Nodes whose links differ (an NVLink box beside PCIe ones, a node on a slower
+    network card), by name; the figures above hold for every other node."""
+    _by_node: dict[str, NodeLinks] = field(init=False, repr=False, compare=False)
+    slowest_within: float = field(init=False, repr=False, compare=False)
+    """The slowest link inside any node: for costs that know only that two devices share
+    a node, not which."""
+    slowest_card: float = field(init=False, repr=False, compare=False)
+    """The slowest network card: for costs that know only that devices span nodes."""
 
-    def to_dict(self) -> dict[str, float]:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_node", dict(self.nodes))
+        own = [o.intra_node_gbps for _, o in self.nodes if o.intra_node_gbps is not None]
+        object.__setattr__(self, "slowest_within", min(own, default=self.intra_node_gbps))
+        cards = [o.inter_node_gbps for _, o in self.nodes if o.inter_node_gbps is not None]
+        object.__setattr__(self, "slowest_card", min(cards, default=self.inter_node_gbps))
+
+    def within(self, node: str) -> float:
+        """Between two devices of ``node``."""
+        own = self._by_node.get(node)
+        gbps = own.intra_node_gbps if own is not None else None
+        return self.intra_node_gbps if gbps is None else gbps
+
+    def card(self, node: str) -> float:
+        """``node``'s network card."""
+        own = self._by_node.get(node)
+        gbps = own.inter_node_gbps if own is not None else None
+        return self.inter_node_gbps if gbps is None else gbps
+
+    def between(self, nodes: Iterable[str]) -> float:
+        """The slowest hop of a ring over devices on ``nodes``: the node's own links when
+        they are all on one, else the slowest network card among them."""
+        distinct = set(nodes)
+        if not self._by_node:
+            return self.inter_node_gbps if len(distinct) > 1 else self.intra_node_gbps
+        if len(distinct) == 1:
+            return self.within(next(iter(distinct)))
+        return min((self.card(n) for n in distinct), default=self.inter_node_gbps)
+
+    def cluster_wide(self) -> dict[str, float]:
+        """The figures for every node without its own."""
         return {"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile document's ``links``: ``nodes`` only where some node has its own."""
+        out: dict[str, Any] = self.cluster_wide()
+        if self.nodes:
+            out["nodes"] = {name: own.to_dict() for name, own in self.nodes}
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,6 +216,7 @@ def parse_cluster(data: Any) -> Cluster:
               - type: A100-80GB      # a catalogue key, any case
                 count: 2
                 memory_gb: 75        # optional override of the catalogue
+            links: {intra_node_gbps: 2400}   # optional: this node's own (NVLink here)
         links: {intra_node_gbps: 600, inter_node_gbps: 100}   # optional
         simulation:                                            # optional
           memory_scale: 0.001
@@ -174,9 +235,14 @@ def parse_cluster(data: Any) -> Cluster:
     devices: list[Device] = []
     seen_nodes: set[str] = set()
     entries: _EntryCache = {}
+    own_links: list[tuple[str, NodeLinks]] = []
     for i, raw_node in enumerate(nodes):
         devices += _node_devices(f"nodes[{i}]", raw_node, seen_nodes, entries)
+        if "links" in raw_node:
+            own_links.append((raw_node["name"], _node_links(f"nodes[{i}]", raw_node["links"])))
     links = _links(_mapping("links", top["links"])) if "links" in top else Links()
+    if own_links:
+        links = replace(links, nodes=tuple(own_links))
     simulation = Simulation()
     if "simulation" in top:
         ids = dict.fromkeys(d.id for d in devices)  # spec order, and a set's membership test
@@ -190,7 +256,7 @@ def _node_devices(
     """The devices of one ``nodes[i]`` entry, numbered in order; adds its name to
     ``seen_nodes``, and each device entry it validates to ``entries``."""
     node = _mapping(where, raw_node)
-    _check_keys(f"{where}.", node, {"name", "devices", "ray_node"})
+    _check_keys(f"{where}.", node, {"name", "devices", "ray_node", "links"})
     node_name = node.get("name")
     if not isinstance(node_name, str) or not node_name.strip() or "/" in node_name:
         raise SpecError(f"{where}.name: must be a non-empty string without '/'")
@@ -289,6 +355,20 @@ def _links(raw: dict[str, Any]) -> Links:
     )
 
 
+def _node_links(where: str, raw: Any) -> NodeLinks:
+    """A node's own ``links``: either figure, or both."""
+    own = _mapping(f"{where}.links", raw)
+    _check_keys(f"{where}.links.", own, {"intra_node_gbps", "inter_node_gbps"})
+    if not own:
+        raise SpecError(f"{where}.links: give intra_node_gbps, inter_node_gbps or both")
+    figures = {
+        k: _number(f"{where}.links.{k}", own[k], minimum=0.001)
+        for k in ("intra_node_gbps", "inter_node_gbps")
+        if k in own
+    }
+    return NodeLinks(**figures)
+
+
 def _simulation(raw: dict[str, Any], ids: Collection[str]) -> Simulation:
     _check_keys("simulation.", raw, {"memory_scale", "faults"})
     raw_faults = raw.get("faults", [])
@@ -365,12 +445,18 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     simulation: dict[str, Any] = {"memory_scale": cluster.simulation.memory_scale}
     if cluster.simulation.faults:
         simulation["faults"] = [f.to_dict() for f in cluster.simulation.faults]
+    own = dict(cluster.links.nodes)  # each node's own links sit on the node
     return {
         "name": cluster.name,
         "nodes": [
-            {"name": n, **({"ray_node": ray_nodes[n]} if n in ray_nodes else {}), "devices": devs}
+            {
+                "name": n,
+                **({"ray_node": ray_nodes[n]} if n in ray_nodes else {}),
+                "devices": devs,
+                **({"links": own[n].to_dict()} if n in own else {}),
+            }
             for n, devs in nodes.items()
         ],
-        "links": cluster.links.to_dict(),
+        "links": cluster.links.cluster_wide(),
         "simulation": simulation,
     }

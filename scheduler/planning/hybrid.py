@@ -255,11 +255,7 @@ def sync_s(chains: Sequence[Chain], profile: Profile, tied: Tied) -> float:
     nodes = {d.id: d.node for ds in holders.values() for d in ds}
     per_device: dict[str, float] = {}
     for ids, grad in segments.items():
-        link = (
-            profile.links.intra_node_gbps
-            if len({nodes[i] for i in ids}) == 1
-            else profile.links.inter_node_gbps
-        )
+        link = profile.links.between(nodes[i] for i in ids)
         t = ring_allreduce_s(len(ids), int(grad), link)
         for i in ids:
             per_device[i] = per_device.get(i, 0.0) + t

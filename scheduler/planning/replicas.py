@@ -88,10 +88,11 @@ class Replicas:
 
 def boundary_s(template: Chain, same_node: Sequence[bool], links: Links) -> float:
     """:func:`scheduler.planning.stages.boundary_s` of a pipeline partitioned as
-    ``template`` whose consecutive stages share a node where ``same_node`` says."""
+    ``template`` whose consecutive stages share a node where ``same_node`` says (which
+    node is not known here: a cluster whose nodes differ is priced at its slowest)."""
     total = 0.0
     for a, same in zip(template.stages, same_node, strict=False):
-        gbps = links.intra_node_gbps if same else links.inter_node_gbps
+        gbps = links.slowest_within if same else links.slowest_card
         total += 2 * transfer_s(
             template.micro_batch * layers_of(a.device).boundary_bytes_per_sample, gbps
         )
@@ -200,7 +201,7 @@ def sync_s(
         ring_allreduce_s(
             num_holders,
             int(grad),
-            links.intra_node_gbps if same else links.inter_node_gbps,
+            links.slowest_within if same else links.slowest_card,
         )
         for grad, same in zip(grads, intra, strict=True)
     ]
@@ -256,7 +257,7 @@ def _tied_sync_s(
     ]
     same = len(set(ends)) == 1
     return ring_allreduce_s(
-        len(ends), tied.gradient_bytes, links.intra_node_gbps if same else links.inter_node_gbps
+        len(ends), tied.gradient_bytes, links.slowest_within if same else links.slowest_card
     )
 
 

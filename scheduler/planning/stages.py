@@ -520,7 +520,9 @@ def _stage_figures(
 
 
 def link_gbps(links: Links, a: DeviceProfile, b: DeviceProfile) -> float:
-    return links.intra_node_gbps if a.node == b.node else links.inter_node_gbps
+    if a.node == b.node:
+        return links.within(a.node)
+    return min(links.card(a.node), links.card(b.node))
 
 
 def transfer_s(num_bytes: float, gbps: float) -> float:

@@ -198,7 +198,8 @@ class PlannedRates:
 
     def _compute(self, model: str, global_batch: int, config: Config) -> float:
         costs = [(self._cost(model, c), n) for c, n in config.parts]
-        link = self.links.inter_node_gbps if config.multi_node else self.links.intra_node_gbps
+        # A configuration is counts per class, not nodes: the slowest links of the cluster.
+        link = self.links.slowest_card if config.multi_node else self.links.slowest_within
         step_s = class_step_s(costs, global_batch, self._preset(model).gradient_bytes, link)
         return global_batch / step_s if step_s > 0 and math.isfinite(step_s) else 0.0
 

@@ -200,6 +200,26 @@ def test_health_cluster_and_metrics_report_an_unavailable_cluster(offline: TestC
     assert offline.post("/api/v1/cluster/profile", json={}).status_code == 409
 
 
+def test_the_cluster_view_shows_a_nodes_own_links(app_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "two-boxes.yaml"
+    spec.write_text(
+        "name: two-boxes\n"
+        "nodes:\n"
+        "  - name: nvlink\n"
+        "    devices: [{type: A100-80GB, count: 2}]\n"
+        "    links: {intra_node_gbps: 2400}\n"
+        "  - {name: pcie, devices: [{type: L4, count: 2}]}\n"
+        "links: {intra_node_gbps: 256, inter_node_gbps: 25}\n"
+    )
+    with app_client(cluster=spec) as client:
+        cluster = client.get("/api/v1/cluster").json()
+    assert cluster["links"] == {"intra_node_gbps": 256, "inter_node_gbps": 25}
+    assert {n["name"]: n["links"] for n in cluster["nodes"]} == {
+        "nvlink": {"intra_node_gbps": 2400},
+        "pcie": {},
+    }
+
+
 def test_openapi_is_served_with_the_job_routes(offline: TestClient) -> None:
     spec = offline.get("/api/v1/openapi.json").json()
     assert "/api/v1/jobs/{job_id}/metrics" in spec["paths"]

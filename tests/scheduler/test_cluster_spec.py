@@ -8,9 +8,12 @@ from typing import Any
 import pytest
 import yaml
 
+from scheduler.cost.profile import analytic_profile
 from scheduler.errors import SpecError
 from scheduler.hardware.catalogue import GIB
 from scheduler.hardware.cluster import cluster_to_dict, load_cluster, parse_cluster
+from scheduler.models.presets import get_preset
+from scheduler.planning.planner import make_plan
 from tests.support import spec_error
 
 DESIGN_EXAMPLE = """
@@ -273,3 +276,62 @@ def test_a_model_sold_with_several_memories_needs_one_named() -> None:
         "nodes[0].devices[0].type: GPU type 'A100' is sold with several memories: "
         "name one of A100-80GB, A100-40GB"
     )
+
+
+def two_boxes(**b_links: float) -> dict[str, Any]:
+    """An NVLink box of four A100s and a PCIe box of four, the second with ``b_links``."""
+    b: dict[str, Any] = {"name": "pcie", "devices": [{"type": "A100-80GB", "count": 4}]}
+    if b_links:
+        b["links"] = b_links
+    return spec(
+        nodes=[
+            {
+                "name": "nvlink",
+                "devices": [{"type": "A100-80GB", "count": 4}],
+                "links": {"intra_node_gbps": 2400},
+            },
+            b,
+        ],
+        links={"intra_node_gbps": 256, "inter_node_gbps": 100},
+    )
+
+
+def test_a_node_may_have_its_own_links_and_a_ring_runs_at_its_slowest_hop() -> None:
+    cluster = parse_cluster(two_boxes(inter_node_gbps=10))
+    links = cluster.links
+    assert links.between(["nvlink"]) == 2400  # its own NVLink
+    assert links.between(["pcie"]) == 256  # the cluster's figure
+    assert links.between(["nvlink", "pcie"]) == 10  # the slow card of the PCIe box
+    again = parse_cluster(yaml.safe_load(yaml.safe_dump(cluster_to_dict(cluster))))
+    assert again.links == links
+
+
+def test_plans_see_a_nodes_own_links() -> None:
+    def dp_comm_s(data: dict[str, Any], node: str | None = None) -> float:
+        cluster = parse_cluster(data)
+        if node is not None:
+            cluster = cluster.subset([d.id for d in cluster.devices if d.node == node])
+        plan = make_plan(analytic_profile(cluster, get_preset("gpt2-small")), 64, "dp")
+        return plan.comm_s
+
+    # Across both boxes the gradients cross the PCIe box's 10 Gbit/s card, not the 100.
+    assert dp_comm_s(two_boxes(inter_node_gbps=10)) > 5 * dp_comm_s(two_boxes())
+    # Inside the NVLink box they move at its 2400, not the cluster's 256.
+    assert dp_comm_s(two_boxes(), "nvlink") < dp_comm_s(two_boxes(), "pcie") / 5
+
+
+@pytest.mark.parametrize(
+    ("links", "message"),
+    [
+        (
+            {"inter_node_gbps": 0},
+            "nodes[1].links.inter_node_gbps: must be a number >= 0.001, got 0",
+        ),
+        ({"nvlink": True}, "nodes[1].links.nvlink"),
+        ({}, "nodes[1].links: give intra_node_gbps, inter_node_gbps or both"),
+    ],
+)
+def test_a_bad_node_link_names_the_node_and_the_field(links: Any, message: str) -> None:
+    data = two_boxes()
+    data["nodes"][1]["links"] = links
+    assert spec_error(data).startswith(message)

@@ -285,3 +285,18 @@ def test_the_profilers_micro_batch_limit_scales_to_recomputation_modes() -> None
     assert device.max_micro_batch(500000) == 15
     again = profile_from_dict(data).to_dict()["devices"][0]
     assert again["micro_batch_limit"] == 3 and again["recompute"]["full"] == full
+
+
+def test_a_nodes_own_links_survive_the_document_and_bad_ones_name_the_node() -> None:
+    links = {
+        "intra_node_gbps": 256,
+        "inter_node_gbps": 100,
+        "nodes": {"nvlink": {"intra_node_gbps": 2400}},
+    }
+    profile = profile_from_dict({**DESIGN_PROFILE, "links": links})
+    assert profile.links.between(["nvlink"]) == 2400
+    assert profile.links.between(["other"]) == 256
+    assert profile_from_dict(profile.to_dict()).links == profile.links
+    bad = {**links, "nodes": {"nvlink": {"intra_node_gbps": -1}}}
+    with pytest.raises(ProfileError, match=r"links\.nodes\.nvlink\.intra_node_gbps must be"):
+        profile_from_dict({**DESIGN_PROFILE, "links": bad})
