@@ -252,14 +252,13 @@ def cluster_public(
                 memory_bytes=memory_bytes,
             )
         )
-    own = dict(cluster.links.nodes)
     return ClusterPublic.model_validate(
         {
             **shown,
             "name": cluster.name,
             "links": cluster.links.cluster_wide(),
             "nodes": [
-                NodePublic(name=n, devices=devs, links=own[n].to_dict() if n in own else {})
+                NodePublic(name=n, devices=devs, links=cluster.links.own(n).to_dict())
                 for n, devs in nodes.items()
             ],
             "num_devices": len(cluster.devices),

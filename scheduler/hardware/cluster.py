@@ -65,6 +65,9 @@ class NodeLinks:
         return {k: v for k, v in out.items() if v is not None}
 
 
+NO_OWN_LINKS = NodeLinks()
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Links:
     intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
@@ -88,16 +91,18 @@ class Links:
         cards = [o.inter_node_gbps for _, o in self.nodes if o.inter_node_gbps is not None]
         object.__setattr__(self, "slowest_card", min(cards, default=self.inter_node_gbps))
 
+    def own(self, node: str) -> NodeLinks:
+        """``node``'s own links (both None where it has none)."""
+        return self._by_node.get(node, NO_OWN_LINKS)
+
     def within(self, node: str) -> float:
         """Between two devices of ``node``."""
-        own = self._by_node.get(node)
-        gbps = own.intra_node_gbps if own is not None else None
+        gbps = self.own(node).intra_node_gbps
         return self.intra_node_gbps if gbps is None else gbps
 
     def card(self, node: str) -> float:
         """``node``'s network card."""
-        own = self._by_node.get(node)
-        gbps = own.inter_node_gbps if own is not None else None
+        gbps = self.own(node).inter_node_gbps
         return self.inter_node_gbps if gbps is None else gbps
 
     def between(self, nodes: Iterable[str]) -> float:
@@ -445,7 +450,6 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     simulation: dict[str, Any] = {"memory_scale": cluster.simulation.memory_scale}
     if cluster.simulation.faults:
         simulation["faults"] = [f.to_dict() for f in cluster.simulation.faults]
-    own = dict(cluster.links.nodes)  # each node's own links sit on the node
     return {
         "name": cluster.name,
         "nodes": [
@@ -453,7 +457,8 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
                 "name": n,
                 **({"ray_node": ray_nodes[n]} if n in ray_nodes else {}),
                 "devices": devs,
-                **({"links": own[n].to_dict()} if n in own else {}),
+                # each node's own links sit on the node
+                **({"links": own} if (own := cluster.links.own(n).to_dict()) else {}),
             }
             for n, devs in nodes.items()
         ],

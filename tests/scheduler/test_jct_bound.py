@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
+from scheduler.clustersim.bound import alone_avg_jct_s, job_configs, shared_avg_jct_s
 from scheduler.clustersim.simulator import simulate
 from scheduler.clustersim.trace import TraceJob
 from scheduler.hardware.cluster import Cluster, parse_cluster
 from scheduler.policy.configs import ClusterClasses
-from scheduler.policy.rates import Config, PlannedRates, job_rate
+from scheduler.policy.rates import PlannedRates
 from scheduler.policy.types import POLICIES
 from tests.scheduler.test_clustersim import short_trace, small_mixed
 
@@ -73,11 +73,7 @@ def test_a_job_kept_on_the_slow_device_is_charged_the_time_it_runs_there() -> No
     )
     rates = PlannedRates.for_cluster(cluster)
     trace = [replace(job(name), max_devices=1) for name in "ab"]
-    rate = job_rate(rates, model="gpt2-small", global_batch=32)
-    fast, slow = (
-        rate(Config.make({c: 1}, multi_node=False)) for c in ClusterClasses.of(cluster).ids
-    )
-    fast, slow = max(fast, slow), min(fast, slow)
+    slow, fast = sorted(r for _, r in job_configs(ClusterClasses.of(cluster), trace[0], rates))
     work = 400 * 32
     first_s = work / fast
     best_s = (first_s + first_s + (work - first_s * slow) / fast) / 2
