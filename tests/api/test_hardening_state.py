@@ -70,7 +70,9 @@ def test_a_job_alone_on_an_idle_cluster_starts_at_once_on_every_device(service: 
     """The first job on a fresh service used to sit in PENDING "queued" while the round
     profiled the whole cluster (32 s; 100 s on a loaded machine), with no reason given."""
     with service.client() as api:
-        job = api.post(JOBS, json={**TINY, "name": "first", "steps": 3}).json()
+        # Steps enough to be running still when the schedule is read (stopped below): 3
+        # steps could end in between on a fast host, and the schedule lists only live jobs.
+        job = api.post(JOBS, json={**TINY, "name": "first", "steps": 1000}).json()
         seen = []
         running = wait_for(api, job["id"], lambda j: seen.append(j) or j["state"] == "RUNNING")
         rows = [r for r in api.get("/api/v1/schedule").json()["jobs"] if r["id"] == job["id"]]
