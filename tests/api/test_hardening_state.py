@@ -71,7 +71,8 @@ def test_a_job_alone_on_an_idle_cluster_starts_at_once_on_every_device(service: 
     profiled the whole cluster (32 s; 100 s on a loaded machine), with no reason given."""
     with service.client() as api:
         # Steps enough to be running still when the schedule is read (stopped below): 3
-        # steps could end in between on a fast host, and the schedule lists only live jobs.
+        # steps could end between the poll that saw RUNNING and that read, and the
+        # schedule lists only live jobs.
         job = api.post(JOBS, json={**TINY, "name": "first", "steps": 1000}).json()
         seen = []
         running = wait_for(api, job["id"], lambda j: seen.append(j) or j["state"] == "RUNNING")
