@@ -30,8 +30,8 @@ import pytest
 
 from scheduler.clustersim.bound import shared_avg_jct_s
 from scheduler.clustersim.simulator import simulate
-from scheduler.clustersim.trace import generate_trace
-from scheduler.hardware.cluster import load_cluster
+from scheduler.clustersim.trace import TraceJob, generate_trace
+from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
 from scheduler.policy.types import DEFAULT_POLICY
 from tests.benchmarks.test_policy_sweep import GAVEL, MIXES, NUM_JOBS, ROOT, SIA, fitted
@@ -67,7 +67,7 @@ class Outcome:
         return "MISSES"
 
 
-def cases() -> list[tuple[str, float, str, int]]:
+def cases() -> list[Case]:
     return [
         (name, load, mix, seed)
         for name in CLUSTERS
@@ -77,22 +77,31 @@ def cases() -> list[tuple[str, float, str, int]]:
     ]
 
 
-def _label(case: tuple[str, float, str, int]) -> str:
+Case = tuple[str, float, str, int]
+"""(cluster name in :data:`CLUSTERS`, jobs per hour, request mix in ``MIXES``, seed)."""
+
+
+def label(case: Case) -> str:
     name, load, mix, seed = case
     return f"{name} {load:g}/h {mix} seed {seed}"
+
+
+def generated(case: Case) -> tuple[Cluster, PlannedRates, list[TraceJob]]:
+    """The case's cluster, its analytic rates, and its generated trace fitted to it."""
+    name, load, mix, seed = case
+    cluster = load_cluster(CLUSTERS[name])
+    rates = PlannedRates.for_cluster(cluster)
+    trace = generate_trace(NUM_JOBS, jobs_per_hour=load, seed=seed, request_mix=MIXES[mix])
+    return cluster, rates, fitted(trace, cluster, rates)
 
 
 OUTCOMES: dict[str, Outcome] = {}
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize("case", cases(), ids=[_label(c) for c in cases()])
-def test_default_policy_against_fair_on(case: tuple[str, float, str, int]) -> None:
-    name, load, mix, seed = case
-    cluster = load_cluster(CLUSTERS[name])
-    rates = PlannedRates.for_cluster(cluster)
-    trace = generate_trace(NUM_JOBS, jobs_per_hour=load, seed=seed, request_mix=MIXES[mix])
-    trace = fitted(trace, cluster, rates)
+@pytest.mark.parametrize("case", cases(), ids=[label(c) for c in cases()])
+def test_default_policy_against_fair_on(case: Case) -> None:
+    cluster, rates, trace = generated(case)
     fair = simulate(cluster, trace, policy="fair", rates=rates)
     default = simulate(cluster, trace, policy=DEFAULT_POLICY, rates=rates)
     horizon_s = max(fair.makespan_s, default.makespan_s) + min(j.arrival_s for j in trace)
@@ -106,9 +115,9 @@ def test_default_policy_against_fair_on(case: tuple[str, float, str, int]) -> No
         p99_ratio=default.p99_jct_s / fair.p99_jct_s,
         makespan_ratio=default.makespan_s / fair.makespan_s,
     )
-    OUTCOMES[_label(case)] = outcome
+    OUTCOMES[label(case)] = outcome
     print(
-        f"\n{_label(case):42s} avg JCT {outcome.gain:+6.1%} (bound {outcome.reachable:+6.1%}), "
+        f"\n{label(case):42s} avg JCT {outcome.gain:+6.1%} (bound {outcome.reachable:+6.1%}), "
         f"p99 {outcome.p99_ratio - 1:+6.1%}, makespan {outcome.makespan_ratio - 1:+6.1%}: "
         f"{outcome.verdict}"
     )

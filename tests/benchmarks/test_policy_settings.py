@@ -21,13 +21,9 @@ import pytest
 
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.simulator import SimSettings, simulate
-from scheduler.clustersim.trace import generate_trace
-from scheduler.hardware.cluster import load_cluster
-from scheduler.policy.rates import PlannedRates
-from tests.benchmarks.test_policy_robustness import CLUSTERS
-from tests.benchmarks.test_policy_sweep import MIXES, NUM_JOBS, fitted
+from tests.benchmarks.test_policy_robustness import Case, generated, label
 
-CASES = [
+CASES: list[Case] = [
     ("university-lab", 4.0, "large", 2),
     ("cloud-mix", 4.0, "large", 3),
     ("sia-64", 16.0, "large", 2),
@@ -46,44 +42,38 @@ VARIANTS: dict[str, dict[str, float]] = {
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize("case", CASES, ids=[f"{n} {ld:g}/h {m} seed {s}" for n, ld, m, s in CASES])
-def test_goodput_settings_and_free_restarts_against_the_bound(
-    case: tuple[str, float, str, int],
-) -> None:
-    name, load, mix, seed = case
-    cluster = load_cluster(CLUSTERS[name])
-    rates = PlannedRates.for_cluster(cluster)
-    trace = generate_trace(NUM_JOBS, jobs_per_hour=load, seed=seed, request_mix=MIXES[mix])
-    trace = fitted(trace, cluster, rates)
+@pytest.mark.parametrize("case", CASES, ids=[label(c) for c in CASES])
+def test_goodput_settings_and_free_restarts_against_the_bound(case: Case) -> None:
+    cluster, rates, trace = generated(case)
     base = SimSettings()
     free = SimSettings(reallocation_s=0.0, policy=replace(base.policy, reallocation_s=0.0))
     fair = simulate(cluster, trace, policy="fair", rates=rates)
     free_fair = simulate(cluster, trace, policy="fair", rates=rates, settings=free)
     runs = {
-        label: simulate(
+        variant: simulate(
             cluster,
             trace,
             policy="goodput",
             rates=rates,
             settings=SimSettings(policy=replace(base.policy, **changes)),
         )
-        for label, changes in VARIANTS.items()
+        for variant, changes in VARIANTS.items()
     }
     runs["restarts free"] = simulate(cluster, trace, policy="goodput", rates=rates, settings=free)
     horizon_s = max(r.makespan_s for r in (fair, *runs.values())) + min(j.arrival_s for j in trace)
     bound_s = shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s)
     alone_s = alone_avg_jct_s(trace, cluster, rates)
     print(
-        f"\n{name} {load:g}/h {mix} seed {seed}: fair {fair.avg_jct_s / 3600:.3f} h "
+        f"\n{label(case)}: fair {fair.avg_jct_s / 3600:.3f} h "
         f"({free_fair.avg_jct_s / 3600:.3f} h with restarts free), bound "
         f"{bound_s / 3600:.3f} h ({1 - bound_s / fair.avg_jct_s:+.1%}), every job alone "
         f"{alone_s / 3600:.3f} h"
     )
-    for label, result in runs.items():
+    for variant, result in runs.items():
         assert len(result.jobs) == len(trace)
-        assert result.avg_jct_s >= bound_s * 0.999, f"{label} beat the bound"
+        assert result.avg_jct_s >= bound_s * 0.999, f"{variant} beat the bound"
         print(
-            f"  goodput, {label:18s} {result.avg_jct_s / 3600:.3f} h: gain "
+            f"  goodput, {variant:18s} {result.avg_jct_s / 3600:.3f} h: gain "
             f"{1 - result.avg_jct_s / fair.avg_jct_s:+6.1%}, p99 "
             f"{result.p99_jct_s / fair.p99_jct_s - 1:+6.1%}"
         )
