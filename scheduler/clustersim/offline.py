@@ -1,0 +1,207 @@
+"""The best clairvoyant schedule found: an average JCT some schedule reaches, beside the
+lower bound of :mod:`scheduler.clustersim.bound` that none beats.
+
+The lower bound says how much any policy could gain at most; it is a relaxation, so the
+best schedule may be well above it. This module searches for a real schedule of the
+whole trace, knowing every job's arrival and length in advance and paying nothing for a
+restart (the bound's model), so the optimum lies between the two figures. Where even
+this schedule is less than a target below a policy's average JCT, no online policy can
+be expected to reach the target on that trace.
+
+A schedule is a priority order over the jobs, replayed as a preemptive list schedule:
+at every arrival and completion the allocation is made again from scratch, and each
+arrived job in priority order takes the fastest of its candidate configurations
+(:func:`~scheduler.clustersim.bound.job_configs`) that still fits, placed on real nodes
+(a configuration priced at one-node speed gets one node; when none has room it may run
+across nodes at the multi-node rate). The order is searched locally: starting from the
+shortest job first (by its fastest run time) and the least work first, random swaps and
+moves of one job are kept when the average JCT does not rise, for a fixed number of
+tries from a fixed seed, so a figure can be reproduced.
+
+Not the optimum: a list schedule never keeps a device idle for a job to come, always
+gives a job its fastest fitting configuration (never a smaller one that leaves room for
+the next), and the search is local. The figure is a schedule's, so it is an upper bound
+on the optimum.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduler.clustersim.bound import job_configs
+from scheduler.clustersim.simulator import percentile
+from scheduler.clustersim.trace import TraceJob
+from scheduler.hardware.cluster import Cluster
+from scheduler.policy.configs import ClusterClasses
+from scheduler.policy.rates import Config, PlannedRates, job_rate
+
+DEFAULT_TRIES = 2000
+"""Orders tried by :func:`best_found_schedule` after its two starting orders."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OfflineSchedule:
+    """The best schedule found: each job's JCT (trace order) and the orders tried."""
+
+    jcts_s: tuple[float, ...]
+    tries: int
+
+    @property
+    def avg_jct_s(self) -> float:
+        return statistics.fmean(self.jcts_s)
+
+    @property
+    def p99_jct_s(self) -> float:
+        return percentile(list(self.jcts_s), 99)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    rate: float
+    parts: tuple[tuple[int, int], ...]
+    """``(class index, count)``."""
+    one_node: bool
+
+
+def best_found_schedule(
+    trace: Sequence[TraceJob],
+    cluster: Cluster,
+    rates: PlannedRates,
+    *,
+    tries: int = DEFAULT_TRIES,
+    seed: int = 0,
+) -> OfflineSchedule:
+    """The lowest-average-JCT priority order found for ``trace`` on ``cluster``."""
+    if not trace:
+        raise ValueError("the trace has no jobs")
+    replay = _ListSchedule(trace, cluster, rates)
+    starts = [
+        sorted(range(len(trace)), key=lambda j: replay.fastest_s[j]),
+        sorted(range(len(trace)), key=lambda j: replay.work[j]),
+    ]
+    best_order, best = min(((o, replay.avg(o)) for o in starts), key=lambda x: x[1])
+    rng = random.Random(seed)
+    n = len(trace)
+    for _ in range(tries if n > 1 else 0):
+        order = list(best_order)
+        i, k = rng.sample(range(n), 2)
+        if rng.random() < 0.5:
+            order[i], order[k] = order[k], order[i]
+        else:
+            order.insert(k, order.pop(i))
+        avg = replay.avg(order)
+        if avg <= best:
+            best_order, best = order, avg
+    return OfflineSchedule(jcts_s=tuple(replay.jcts(best_order)), tries=tries + len(starts))
+
+
+class _ListSchedule:
+    """Replays priority orders of one trace on one cluster (see the module's docstring)."""
+
+    def __init__(self, trace: Sequence[TraceJob], cluster: Cluster, rates: PlannedRates) -> None:
+        classes = ClusterClasses.of(cluster)
+        index = {c: i for i, c in enumerate(classes.ids)}
+        per_node: dict[tuple[int, str], int] = {}
+        for device_id, c in classes.class_of.items():
+            key = (index[c], classes.node_of[device_id])
+            per_node[key] = per_node.get(key, 0) + 1
+        self.per_node: list[list[int]] = [[] for _ in index]
+        for (k, _), count in sorted(per_node.items()):
+            self.per_node[k].append(count)
+        self.arrival = [j.arrival_s for j in trace]
+        self.work = [float(j.steps * j.global_batch) for j in trace]
+        self.options: list[list[_Option]] = []
+        for job in trace:
+            configs = job_configs(classes, job, rates)
+            if not configs:
+                raise ValueError(f"job {job.name!r} fits no configuration of this cluster")
+            rate = job_rate(rates, model=job.model, global_batch=job.global_batch)
+            options = []
+            for config, r in configs:
+                parts = tuple((index[c], n) for c, n in config.parts)
+                options.append(_Option(r, parts, one_node=not config.multi_node))
+                if not config.multi_node and config.num_devices > 1:
+                    # No node has room: the same devices across nodes, at that rate.
+                    spread = Config(parts=config.parts, multi_node=True)
+                    if (r_spread := rate(spread)) > 0:
+                        options.append(_Option(r_spread, parts, one_node=False))
+            options.sort(key=lambda o: -o.rate)
+            self.options.append(options)
+        self.fastest_s = [w / o[0].rate for w, o in zip(self.work, self.options, strict=True)]
+
+    def avg(self, order: Sequence[int]) -> float:
+        return statistics.fmean(self.jcts(order))
+
+    def jcts(self, order: Sequence[int]) -> list[float]:
+        """Each job's JCT (trace order) under priority ``order``."""
+        n = len(self.work)
+        arrivals = sorted(range(n), key=lambda j: self.arrival[j])
+        rank = {j: r for r, j in enumerate(order)}
+        left = list(self.work)
+        finish = [0.0] * n
+        active: list[int] = []  # by rank
+        t = 0.0
+        nxt = 0
+        while nxt < n or active:
+            while nxt < n and self.arrival[arrivals[nxt]] <= t:
+                active.append(arrivals[nxt])
+                nxt += 1
+            if not active:
+                t = self.arrival[arrivals[nxt]]
+                continue
+            active.sort(key=rank.__getitem__)
+            running = self._allocate(active)
+            if not running and nxt == n:  # the first job always fits an empty cluster
+                raise RuntimeError("the list schedule stalled with jobs left")
+            step = self.arrival[arrivals[nxt]] - t if nxt < n else float("inf")
+            for j, r in running:
+                step = min(step, left[j] / r)
+            t += step
+            for j, r in running:
+                left[j] -= r * step
+                if left[j] <= self.work[j] * 1e-9:
+                    finish[j] = t
+            active = [j for j in active if finish[j] == 0.0]
+        return [f - a for f, a in zip(finish, self.arrival, strict=True)]
+
+    def _allocate(self, active: list[int]) -> list[tuple[int, float]]:
+        """Each active job in order takes its fastest option that fits: (job, rate)."""
+        free = [list(counts) for counts in self.per_node]  # per class, per node
+        total = [sum(f) for f in free]
+        left = sum(total)
+        running = []
+        for j in active:
+            if left == 0:
+                break
+            for option in self.options[j]:
+                if all(total[c] >= n for c, n in option.parts) and self._take(option, free, total):
+                    running.append((j, option.rate))
+                    left -= sum(n for _, n in option.parts)
+                    break
+        return running
+
+    @staticmethod
+    def _take(option: _Option, free: list[list[int]], total: list[int]) -> bool:
+        """Take ``option``'s devices from ``free`` (the fullest nodes that have room first,
+        so whole nodes stay free for one-node jobs); False, untouched, when it does not fit."""
+        if option.one_node:
+            ((c, n),) = option.parts
+            fits = [k for k, f in enumerate(free[c]) if f >= n]
+            if not fits:
+                return False
+            k = min(fits, key=lambda k: free[c][k])
+            free[c][k] -= n
+            total[c] -= n
+            return True
+        for c, n in option.parts:
+            total[c] -= n
+            for k in sorted(range(len(free[c])), key=lambda k: free[c][k]):
+                got = min(n, free[c][k])
+                free[c][k] -= got
+                n -= got
+                if n == 0:
+                    break
+        return True
