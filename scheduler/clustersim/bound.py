@@ -21,7 +21,9 @@ and types), both without restart costs:
   horizon and shorter slots tighten it).
 
 The sweep (tests/benchmarks/test_policy_sweep.py) and ``hetsched cluster-sim --bound``
-report both: the second is the most any policy could gain.
+report both: the second is the most any policy could gain. Beside them they report the
+best schedule :mod:`scheduler.clustersim.offline` finds: a real one, so the optimum lies
+between it and the second bound.
 """
 
 from __future__ import annotations

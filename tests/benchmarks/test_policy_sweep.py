@@ -20,8 +20,13 @@ that keeps the cluster's capacity per device class in every time slot (on a clus
 fast GPUs are few it is the much higher one). No policy that chooses among those
 allocations does better than the second, so where it is less than 15 % below ``fair``'s
 figure the target cannot be met on that trace by any policy, and the summary says so.
-Asserted: every job finishes under every policy, none beats either bound, and ``goodput``
-never has a higher average JCT than ``fifo``. Decision time at 2,000 GPUs × 200 jobs is
+Above them, the best schedule :mod:`scheduler.clustersim.offline` finds knowing the
+whole trace in advance, restarts free: the best possible average lies between it and the
+bound, and where even it is less than 15 % below ``fair``'s, an online policy is not
+expected to get there either (the summary says so: the search is not exhaustive).
+Asserted: every job finishes under every policy, none beats either bound, the schedule
+found does not either, and ``goodput`` never has a higher average JCT than ``fifo``.
+Decision time at 2,000 GPUs × 200 jobs is
 ``tests/benchmarks/test_cluster_sim.py::test_decision_speed_2000_gpus_200_jobs``.
 
 Run on purpose (minutes):
@@ -38,6 +43,7 @@ import pytest
 
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TraceFormat, load_any
+from scheduler.clustersim.offline import best_found_schedule
 from scheduler.clustersim.simulator import SimResult, simulate
 from scheduler.clustersim.trace import LARGE_REQUEST_MIX, TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -97,6 +103,8 @@ def cases() -> list[tuple[str, Path, TraceFormat | None, float, str]]:
 RESULTS: dict[str, dict[str, SimResult]] = {}
 BOUND_S: dict[str, float] = {}
 """Per trace, the shared-capacity lower bound on average JCT (never below the other)."""
+FOUND_S: dict[str, float] = {}
+"""Per trace, the best clairvoyant schedule's average JCT."""
 
 
 def _h(seconds: float) -> str:
@@ -120,9 +128,16 @@ def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> 
     horizon_s = max(r.makespan_s for r in results.values()) + min(j.arrival_s for j in trace)
     shared = shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s)
     BOUND_S[label] = shared
+    found = best_found_schedule(trace, cluster, rates)
+    assert found.avg_jct_s >= shared * 0.999, label
+    FOUND_S[label] = found.avg_jct_s
     print(
         f"\n{label:34s} bounds   avg {_h(alone)} h each job alone on its best allocation, "
         f"{_h(shared)} h sharing the cluster"
+    )
+    print(
+        f"{label:34s} found    avg {_h(found.avg_jct_s)} h  p99 {_h(found.p99_jct_s)} h "
+        "the best schedule found knowing the trace, restarts free"
     )
     for policy, result in results.items():
         assert len(result.jobs) == len(trace), (label, policy)
@@ -144,19 +159,23 @@ def test_summary_of_where_each_policy_wins() -> None:
         pytest.skip("run with the sweep's cases")
     wins: dict[str, list[str]] = {p: [] for p in POLICIES}
     print(f"\n{DEFAULT_POLICY} vs fair per trace (target: >= 15% lower avg JCT, p99 not worse;")
-    print("bound: the most any policy could gain on fair's average, from the shared bound):")
+    print("bound: the most any policy could gain on fair's average, from the shared bound;")
+    print("found: what the best schedule found knowing the trace gains, restarts free):")
     for label, results in RESULTS.items():
         wins[min(results, key=lambda p: results[p].avg_jct_s)].append(label)
         default, fair = results[DEFAULT_POLICY], results["fair"]
         gain = 1 - default.avg_jct_s / fair.avg_jct_s
         reachable = 1 - BOUND_S[label] / fair.avg_jct_s
+        found = 1 - FOUND_S[label] / fair.avg_jct_s
         p99_ok = default.p99_jct_s <= fair.p99_jct_s * 1.001
         mark = "meets" if gain >= 0.15 and p99_ok else "MISSES"
         if reachable < 0.15:
             mark += " (no policy can: bound below 15 %)"
+        elif found < 0.15 and mark != "meets":
+            mark += " (nor does the best schedule found)"
         print(
-            f"  {label:34s} avg JCT {gain:+6.1%} (bound {reachable:+6.1%}), "
-            f"p99 {'ok' if p99_ok else 'WORSE'}: {mark}"
+            f"  {label:34s} avg JCT {gain:+6.1%} (bound {reachable:+6.1%}, found "
+            f"{found:+6.1%}), p99 {'ok' if p99_ok else 'WORSE'}: {mark}"
         )
     print("lowest average JCT:")
     for policy, labels in wins.items():
