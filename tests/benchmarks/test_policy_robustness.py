@@ -25,7 +25,6 @@ Run on purpose (about 40 minutes on a 2-core machine, most of it the bounds on t
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,15 @@ from scheduler.clustersim.trace import TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
 from scheduler.policy.types import DEFAULT_POLICY
-from tests.benchmarks.test_policy_sweep import GAVEL, MIXES, NUM_JOBS, ROOT, SIA, fitted
+from tests.benchmarks.test_policy_sweep import (
+    GAVEL,
+    MIXES,
+    NUM_JOBS,
+    ROOT,
+    SIA,
+    Outcome,
+    fitted,
+)
 
 CLUSTERS: dict[str, Path] = {
     "sia-64": SIA,
@@ -49,29 +56,6 @@ CLUSTERS: dict[str, Path] = {
 LOADS = (4.0, 16.0)
 SEEDS = (2, 3)
 """The sweep uses seed 1."""
-TARGET = 0.15
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    gain: float
-    """1 - goodput's average JCT / fair's."""
-    reachable: float
-    """1 - the bound / fair's average JCT: the most any policy could gain."""
-    found: float
-    """1 - the best schedule found / fair's average JCT: what a clairvoyant one gains."""
-    p99_ratio: float
-    makespan_ratio: float
-
-    @property
-    def verdict(self) -> str:
-        if self.gain >= TARGET and self.p99_ratio <= 1.001:
-            return "meets"
-        if self.reachable < TARGET:
-            return "out of reach"
-        if self.found < TARGET:
-            return "beyond found"
-        return "MISSES"
 
 
 def cases() -> list[Case]:
@@ -118,13 +102,7 @@ def test_default_policy_against_fair_on(case: Case) -> None:
         assert result.avg_jct_s >= bound_s * 0.999
     found_s = best_found_schedule(trace, cluster, rates).avg_jct_s
     assert found_s >= bound_s * 0.999
-    outcome = Outcome(
-        gain=1 - default.avg_jct_s / fair.avg_jct_s,
-        reachable=1 - bound_s / fair.avg_jct_s,
-        found=1 - found_s / fair.avg_jct_s,
-        p99_ratio=default.p99_jct_s / fair.p99_jct_s,
-        makespan_ratio=default.makespan_s / fair.makespan_s,
-    )
+    outcome = Outcome.of(default, fair, bound_s=bound_s, found_s=found_s)
     OUTCOMES[label(case)] = outcome
     print(
         f"\n{label(case):42s} avg JCT {outcome.gain:+6.1%} (bound {outcome.reachable:+6.1%}, "
