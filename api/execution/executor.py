@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -138,8 +139,19 @@ class Executor:
         return self.ledger.jobs()
 
     def schedule(self) -> Schedule:
-        """The latest round's decision (``GET /api/v1/schedule``)."""
-        return self._schedule
+        """The latest round's decision (``GET /api/v1/schedule``), brought up to the devices
+        held as it is read, like ``busy_devices``: a job the round is starting shows (the
+        store shows it RUNNING before the round publishes), as running, and one that ended does
+        not."""
+        schedule = self._schedule
+        live = {lj.job_id: lj for lj in self.ledger.jobs()}
+        kept = [r for r in schedule.jobs if (r.status == "waiting") != (r.job_id in live)]
+        listed = {r.job_id for r in kept}
+        for job_id, lj in live.items():
+            record = None if job_id in listed else self.store.get(job_id)
+            if record is not None and record.state is JobState.RUNNING:
+                kept.append(running_row(record, lj, None))
+        return replace(schedule, jobs=tuple(kept))
 
     # --- rounds ------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.core.db import make_engine
+from api.execution.executor import Executor
 from api.schemas.jobs import JobCreate
+from api.states import JobState
 from api.store import QUEUED, JobStore
 from tests.api.conftest import make_settings
 from tests.support import (
@@ -87,6 +89,30 @@ def test_a_job_alone_on_an_idle_cluster_starts_at_once_on_every_device(service: 
     with service.client() as api:  # its devices go to the next test's job
         api.post(f"{JOBS}/{job['id']}/stop")
         wait_for(api, job["id"], lambda j: j["state"] in TERMINAL)
+
+
+def test_the_schedule_shows_a_job_as_it_starts_and_drops_it_as_it_ends(
+    offline: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round starts a job (the store says RUNNING) before it publishes its decision: the
+    schedule read in between used to leave the running job out, and to list an ended one
+    until the next round."""
+    state = offline.app.state.hetsched
+    executor = Executor(
+        store=state.store, handle=state.handle, profiler=state.profiler, settings=state.settings
+    )
+    monkeypatch.setattr(state, "executor", executor)
+    job = offline.post(JOBS, json={**TINY, "name": "starting"}).json()
+    devices = ["node-a/0", "node-b/0"]
+    # What a round's start does, up to its publish (the executor's loop is not running).
+    assert executor.ledger.admit(job["id"], devices, pinned=False) is not None
+    assert state.store.start(job["id"], devices)
+    (row,) = offline.get("/api/v1/schedule").json()["jobs"]
+    assert (row["id"], row["status"], sorted(row["held"])) == (job["id"], "running", devices)
+    assert state.store.finish(job["id"], JobState.SUCCEEDED, "done")
+    executor._publish([], executor.live())  # the round that saw it running
+    executor.ledger.remove(job["id"])
+    assert offline.get("/api/v1/schedule").json()["jobs"] == []
 
 
 def test_a_second_service_on_the_data_directory_refuses_to_start(service: Serve) -> None:
