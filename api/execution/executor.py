@@ -107,6 +107,7 @@ class Executor:
                 devices = self.handle.cluster.ids
             live = self.ledger.resume(job.id, devices, pinned=job.pinned, project=job.project)
             live.steps_done = job.steps_done  # what it did before: a stop now says so
+            live.reason = "resumed on its devices after the service restarted"
             self._thread_for(job, live, resume=True)
         self._thread = threading.Thread(target=self._loop, name="hetsched-dispatch", daemon=True)
         self._thread.start()
@@ -450,6 +451,7 @@ class Executor:
         )
         if live is None:
             return False
+        live.reason, live.rate = reason, rate  # before the store shows it running
         allocation = self._allocation(live, old=(), new=tuple(devices), reason=reason, rate=rate)
         if not self.store.start(job.id, list(devices), allocation=allocation):
             self.ledger.remove(job.id)
@@ -486,6 +488,7 @@ class Executor:
         move = self.ledger.park(live)
         if move is None:
             return False
+        live.reason, live.rate = move.reason, 0.0
         self.store.log(
             live.job_id,
             "INFO",

@@ -35,6 +35,10 @@ class LiveJob:
     """It named its devices: the policy never moves it."""
     granted: list[str] = field(default_factory=list)
     """What the policy last gave it (its plan may leave some of them out)."""
+    reason: str = ""
+    """Why it holds its devices: the reason of its latest start or move."""
+    rate: float = 0.0
+    """The policy's planned samples/s for it there (0: not planned, a move's or a pin's)."""
     move_to: list[str] | None = None
     """Devices the policy moves it to at its next step boundary; None: it stays."""
     move_reason: str = ""

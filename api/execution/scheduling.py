@@ -207,6 +207,8 @@ def running_row(record: JobRecord, live: LiveJob, allocation: Allocation | None)
     if allocation is not None:
         reason = reason or allocation.reasons.get(live.job_id, "")
         rate = allocation.samples_per_s.get(live.job_id, 0.0)
+    if not reason and not rate:  # no round has decided on it since: why it is there
+        reason, rate = live.reason, live.rate
     status: JobStatus = "moving" if live.move.is_set() else "running"
     return ScheduledJob.of(
         record, status, held=held, devices=tuple(target), rate=rate, reason=reason

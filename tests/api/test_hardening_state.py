@@ -105,10 +105,13 @@ def test_the_schedule_shows_a_job_as_it_starts_and_drops_it_as_it_ends(
     job = offline.post(JOBS, json={**TINY, "name": "starting"}).json()
     devices = ["node-a/0", "node-b/0"]
     # What a round's start does, up to its publish (the executor's loop is not running).
-    assert executor.ledger.admit(job["id"], devices, pinned=False) is not None
+    live = executor.ledger.admit(job["id"], devices, pinned=False)
+    assert live is not None
+    live.reason, live.rate = "the policy's reason", 12.5
     assert state.store.start(job["id"], devices)
     (row,) = offline.get("/api/v1/schedule").json()["jobs"]
     assert (row["id"], row["status"], sorted(row["held"])) == (job["id"], "running", devices)
+    assert (row["reason"], row["samples_per_s"]) == ("the policy's reason", 12.5)
     assert state.store.finish(job["id"], JobState.SUCCEEDED, "done")
     executor._publish([], executor.live())  # the round that saw it running
     executor.ledger.remove(job["id"])
