@@ -140,10 +140,9 @@ class Executor:
         return self.ledger.jobs()
 
     def schedule(self) -> Schedule:
-        """The latest round's decision (``GET /api/v1/schedule``), brought up to the devices
-        held as it is read, like ``busy_devices``: a job the round is starting shows (the
-        store shows it RUNNING before the round publishes), as running, and one that ended does
-        not."""
+        """The latest round's decision (``GET /api/v1/schedule``), its jobs matched to the
+        ledger as ``busy_devices`` is: a round shows a job RUNNING before it publishes, so a
+        job it is starting is listed as running, and one that ended is not listed."""
         schedule = self._schedule
         live = {lj.job_id: lj for lj in self.ledger.jobs()}
         kept = [r for r in schedule.jobs if (r.status == "waiting") != (r.job_id in live)]
