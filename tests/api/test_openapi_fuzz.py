@@ -17,6 +17,8 @@ examples per operation. The live equivalent:
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ ALL_CHECKS = CHECKS.get_all()
 
 def _schema(token: str | None) -> Any:
     data_dir = Path(tempfile.mkdtemp(prefix="hetsched-fuzz-"))
+    # Built at import, outside any fixture: removed when the test process exits.
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     settings = make_settings(data_dir, start_ray=False, executor=False, api_token=token)
     app = create_app(settings)
     # The ASGI transport does not run the lifespan; build its state the same way.
