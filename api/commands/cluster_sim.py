@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from api.commands.common import add_cluster_argument, add_command
+from api.commands.common import add_cluster_argument, add_command, check_output, write_text
 from api.commands.plan import format_table
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
@@ -46,6 +46,9 @@ from scheduler.policy.rates import PlannedRates
 from scheduler.policy.types import POLICIES, PolicyName
 
 DEFAULTS = SimSettings()
+DEFAULT_RATE = 6.0
+"""``--generate``'s mean arrivals per hour."""
+CHART_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -95,12 +98,17 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--rate",
         type=float,
-        default=6.0,
         metavar="JOBS_PER_HOUR",
-        help="with --generate: mean arrivals per hour (default %(default)g)",
+        help=f"with --generate: mean arrivals per hour (default {DEFAULT_RATE:g})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="with --generate (default %(default)s)")
-    parser.add_argument("-o", "--output", metavar="FILE", type=Path, help="with --generate")
+    parser.add_argument("--seed", type=int, help="with --generate (default 0)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        type=Path,
+        help="with --generate, or --trace in another format without --cluster: the CSV",
+    )
 
 
 def _policies(text: str) -> list[PolicyName]:
@@ -117,18 +125,31 @@ def _policies(text: str) -> list[PolicyName]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Paths first: a wrong one is an error now, not after minutes of replay.
+    if args.output is not None:
+        check_output("-o/--output", args.output)
+    if args.chart is not None:
+        check_output("--chart", args.chart, suffixes=CHART_SUFFIXES)
     if args.generate is not None:
         if args.cluster or args.trace or args.json or args.chart or args.bound:
             raise HetschedError("--generate: writes a trace; run it without --cluster/--trace")
-        return _write(
-            generate_trace(args.generate, jobs_per_hour=args.rate, seed=args.seed), args.output
-        )
+        rate = DEFAULT_RATE if args.rate is None else args.rate
+        seed = 0 if args.seed is None else args.seed
+        return _write(generate_trace(args.generate, jobs_per_hour=rate, seed=seed), args.output)
+    for flag, value in (("--rate", args.rate), ("--seed", args.seed)):
+        if value is not None:
+            raise HetschedError(f"{flag}: only with --generate N, which it shapes")
     if args.bound and not args.cluster:
         raise HetschedError("--bound: a bound is for a trace on a cluster; give --cluster FILE")
     if args.trace and not args.cluster and args.trace_format != "csv":
         return _write(load_any(args.trace, args.trace_format), args.output)
     if not args.cluster or not args.trace:
         raise HetschedError("give --cluster FILE and --trace FILE, or --generate N")
+    if args.output is not None:
+        raise HetschedError(
+            "-o/--output: writes a trace, with --generate N or with --trace FILE in another "
+            "format and no --cluster; a replay prints its report (--json for JSON)"
+        )
     policies = _policies(args.policy)
     if args.chart:
         _pyplot()  # before minutes of simulation, not after
@@ -183,7 +204,7 @@ def _write(jobs: list[TraceJob], output: Path | None) -> int:
     """A trace as CSV to ``output`` or stdout."""
     text = trace_to_csv(jobs)
     if output:
-        output.write_text(text)
+        write_text("-o/--output", output, text)
         print(f"wrote {len(jobs)} jobs to {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -314,6 +335,10 @@ def write_chart(results: list[SimResult], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_title("Job completion time per policy (triangle: mean)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise HetschedError(f"--chart: cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     print(f"wrote {path}", file=sys.stderr)

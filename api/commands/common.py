@@ -15,6 +15,7 @@ from typing import Any
 
 from api.commands import COMMANDS
 from api.core.clusters import bundled_cluster_names, cluster_argument
+from scheduler.errors import HetschedError
 from scheduler.models.presets import PRESETS
 
 Runner = Callable[[argparse.Namespace], int]
@@ -67,3 +68,25 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         help="profile and calibration cache (default ~/.cache/hetsched)",
     )
     parser.add_argument("--refresh", action="store_true", help="measure again, ignore the cache")
+
+
+def check_output(flag: str, path: Path, *, suffixes: tuple[str, ...] = ()) -> None:
+    """A one-line error before any work when ``path`` cannot be written as a file: a
+    folder, a folder that does not exist, or (``suffixes``) an extension not allowed."""
+    if path.is_dir():
+        raise HetschedError(f"{flag}: {path} is a folder; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise HetschedError(f"{flag}: folder {parent} does not exist")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise HetschedError(
+            f"{flag}: {path.name} must end in {', '.join(suffixes)}, got {path.suffix or 'none'}"
+        )
+
+
+def write_text(flag: str, path: Path, text: str) -> None:
+    """``path.write_text(text)``, a one-line error naming ``flag`` when it cannot be."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise HetschedError(f"{flag}: cannot write {path}: {exc.strerror or exc}") from None

@@ -222,8 +222,10 @@ def _summary(plan: Plan) -> list[str]:
         speedup = base.predicted_step_s / plan.predicted_step_s if plan.predicted_step_s else 0
         if abs(speedup - 1) < 0.005:
             verdict = "same speed"
-        else:
-            verdict = f"{speedup:.2f}x {'faster' if speedup > 1 else 'slower'}"
+        elif speedup > 1:
+            verdict = f"{speedup:.2f}x faster"
+        else:  # "0.35x slower" would read as 35 % slower; say how many times slower
+            verdict = f"{1 / speedup:.2f}x slower" if speedup > 0 else "slower"
         out.append(
             f"  vs {name.ljust(width)}  {_seconds(base.predicted_step_s):>9}  "
             f"{_rate(base.predicted_samples_per_s):>12} samples/s  {plan.strategy}: {verdict}"

@@ -16,7 +16,7 @@ from api.schemas.fields import (
 from scheduler.hardware.precision import JobPrecision
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import PRESETS
-from scheduler.planning.plan import Precision
+from scheduler.planning.plan import MAX_GLOBAL_BATCH, Precision
 from workers.records import OptimizerConfig
 
 
@@ -108,7 +108,7 @@ class PlanCreate(RequestModel):
     """A dry run: what would this job's split be? Nothing is trained."""
 
     model: ModelRef = "gpt-tiny"
-    global_batch: int = Field(default=32, ge=1, le=1_000_000)
+    global_batch: int = Field(default=32, ge=1, le=MAX_GLOBAL_BATCH)
     strategy: StrategyName = "auto"
     devices: DeviceIds | None = Field(
         default=None, description="Device ids to use; all when absent."

@@ -206,9 +206,12 @@ def read_trace(path: str | Path) -> str:
     """A trace file's text, of any format; one line naming the file if it cannot be read."""
     path = Path(path)
     try:
-        return path.read_text()
+        # utf-8-sig: a spreadsheet's CSV may start with a byte-order mark, not a column name
+        return path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"trace: {path} is not UTF-8 text (byte {exc.start})") from None
 
 
 def load_trace(path: str | Path) -> list[TraceJob]:

@@ -409,6 +409,18 @@ def plan_from_dict(data: Any) -> Plan:
         raise PlanError(f"plan: malformed plan document ({exc})") from exc
 
 
+MAX_GLOBAL_BATCH = 1_000_000
+"""The largest global batch a plan is made for (samples per step): far above any
+transformer run's, and planned in about a second; beyond it the search's integers grow
+without bound (10^10 samples ran for minutes, 10^20 overflowed numpy)."""
+
+
 def check_global_batch(global_batch: int) -> None:
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise PlanError(f"global_batch: must be an integer >= 1, got {global_batch!r}")
+    if (
+        isinstance(global_batch, bool)
+        or not isinstance(global_batch, int)
+        or not 1 <= global_batch <= MAX_GLOBAL_BATCH
+    ):
+        raise PlanError(
+            f"global_batch: must be an integer from 1 to {MAX_GLOBAL_BATCH:,}, got {global_batch!r}"
+        )

@@ -156,6 +156,45 @@ def test_bad_options_are_one_line_errors(
     assert err.startswith("hetsched: error: ") and message in err and err.count("\n") == 1
 
 
+def test_bad_paths_and_flags_out_of_place_fail_before_any_replay(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        (
+            ["--generate", "5", "-o", str(tmp_path / "no" / "x.csv")],
+            f"-o/--output: folder {tmp_path / 'no'} does not exist",
+        ),
+        (["--generate", "5", "-o", str(tmp_path)], f"-o/--output: {tmp_path} is a folder"),
+        (
+            ["--cluster", str(files[0]), "--trace", str(files[1]), "--chart", "jct.txt"],
+            "--chart: jct.txt must end in .png, .pdf, .svg, got .txt",
+        ),
+        (
+            ["--cluster", str(files[0]), "--trace", str(files[1]), "--seed", "5"],
+            "--seed: only with --generate N",
+        ),
+        (
+            ["--cluster", str(files[0]), "--trace", str(files[1]), "-o", "out.csv"],
+            "-o/--output: writes a trace, with --generate N or with --trace FILE",
+        ),
+    ]
+    for extra, message in cases:
+        code, out, err = run_cli(capsys, "cluster-sim", *extra)
+        assert code == 2 and out == "", extra
+        assert err.startswith("hetsched: error: ") and message in err, (extra, err)
+        assert err.count("\n") == 1 and "simulating" not in err, extra
+
+
+def test_a_spreadsheets_byte_order_mark_is_not_a_column(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, trace = files
+    trace.write_bytes(b"\xef\xbb\xbf" + TRACE.encode())
+    code, out, _ = _simulate(capsys, files, "--policy", "fair", "--json")
+    (fair,) = json.loads(out)["policies"]
+    assert code == 0 and [j["name"] for j in fair["jobs"]] == ["small", "medium", "xl"]
+
+
 def test_a_bad_trace_row_names_row_and_column(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -246,3 +246,22 @@ def test_plan_table_shows_which_devices_recompute(capsys: pytest.CaptureFixture[
     small = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64")
     _, out, _ = run_cli(capsys, "plan", *small)
     assert "RECOMPUTE" not in out, "the column appears only when some device recomputes"
+
+
+def test_a_slower_plan_says_how_many_times_slower(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64")
+    code, out, _ = run_cli(capsys, "plan", *args, "--strategy", "even")
+    plan = make_plan(
+        analytic_profile(load_cluster(MIXED_LAB), get_preset("gpt2-small")), 64, "even"
+    )
+    times = plan.predicted_step_s / plan.baselines["proportional"].predicted_step_s
+    (line,) = [row for row in out.splitlines() if row.strip().startswith("vs proportional ")]
+    assert code == 0 and times > 2 and line.endswith(f"even: {times:.2f}x slower")
+
+
+def test_a_global_batch_past_the_limit_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small")
+    code, out, err = run_cli(capsys, "plan", *args, "--global-batch", str(10**20))
+    assert code == 2 and out == ""
+    limit = "must be an integer from 1 to 1,000,000"
+    assert err == f"hetsched: error: global_batch: {limit}, got {10**20}\n"

@@ -30,7 +30,7 @@ from scheduler.planning.dp import (
     plan_proportional,
     proportional_split,
 )
-from scheduler.planning.plan import Plan, plan_from_dict
+from scheduler.planning.plan import MAX_GLOBAL_BATCH, Plan, plan_from_dict
 from scheduler.planning.planner import STRATEGIES, make_plan
 from scheduler.units import format_bytes
 
@@ -256,11 +256,13 @@ def test_one_sample_too_many_is_a_different_reason() -> None:
     )
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
-def test_global_batch_below_one_is_a_plan_error(bad: Any) -> None:
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8", MAX_GLOBAL_BATCH + 1, 10**20])
+def test_a_global_batch_out_of_range_is_a_plan_error(bad: Any) -> None:
     profile = profile_of(device("a/0"))
     for strategy in ALL_STRATEGIES:
-        with pytest.raises(PlanError, match=r"global_batch: must be an integer >= 1, got"):
+        with pytest.raises(
+            PlanError, match=r"global_batch: must be an integer from 1 to 1,000,000, got"
+        ):
             make_plan(profile, bad, strategy)
 
 
