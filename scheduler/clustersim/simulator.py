@@ -216,7 +216,9 @@ def check_runnable(cluster: Cluster, trace: list[TraceJob], rates: PlannedRates)
         if not fits:
             types = "" if job.device_types is None else f" of type {'|'.join(job.device_types)}"
             raise SimulationError(
-                f"trace job {job.name!r}: model {job.model} fits no device{types} of {cluster.name}"
+                f"trace job {job.name!r}: model {job.model} fits no device{types} of "
+                f"{cluster.name} (a replay runs each job data-parallel, its whole model states "
+                "on every device; `hetsched plan` also tries fsdp and pipelines)"
             )
         if usable < job.min_devices:
             raise SimulationError(
