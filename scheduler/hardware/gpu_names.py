@@ -64,6 +64,29 @@ def _nearest(entries: list[GpuSpec], memory_gib: float) -> GpuSpec:
     return min(entries, key=lambda g: abs(g.memory_gb - memory_gib))
 
 
+NAMED_MEMORY_TOLERANCE = 0.1
+"""A memory written in a spec's ``type`` (``T4 32GB``) must be within this share of an
+entry's: a card sold with other memory, or a variant under another key (``H100 94GB`` is
+the H100 NVL), is refused rather than read as the nearest entry."""
+
+
+def _no_such_memory(name: str, entries: list[GpuSpec], memory: float) -> str:
+    sold = ", ".join(f"{g.key} ({g.memory_gb:g} GB)" for g in entries)
+    model = _model(entries[0])
+    variants = [
+        g.key
+        for g in CATALOGUE.values()
+        if _model(g).startswith(model)
+        and g not in entries
+        and abs(g.memory_gb - memory) <= NAMED_MEMORY_TOLERANCE * memory
+    ]
+    hint = f"; did you mean {' or '.join(variants)}?" if variants else ""
+    return (
+        f"GPU type {name!r}: no entry of it has {memory:g} GB; the catalogue has {sold}"
+        f"{hint} (another memory: give its entry and the device's memory_gb)"
+    )
+
+
 def resolve_type(name: str, *, memory_gb: float | None = None) -> GpuSpec:
     """The catalogue entry a spec's ``type`` names: a key in any case (``a100-80gb``), or
     the GPU as people and drivers write it (``A100 80GB``, ``NVIDIA A100-SXM4-80GB``,
@@ -84,9 +107,13 @@ def resolve_type(name: str, *, memory_gb: float | None = None) -> GpuSpec:
     if not entries:
         raise SpecError(f"unknown GPU type {name!r}; known: {', '.join(known_types())}")
     sizes = [float(w.rstrip("GB")) for w in _words(name) if _is_memory_size(w)]
-    memory = sizes[-1] if sizes else memory_gb
-    if memory is not None:
-        return _nearest(entries, memory)
+    if sizes:
+        nearest = _nearest(entries, sizes[-1])
+        if abs(nearest.memory_gb - sizes[-1]) > NAMED_MEMORY_TOLERANCE * sizes[-1]:
+            raise SpecError(_no_such_memory(name, entries, sizes[-1]))
+        return nearest
+    if memory_gb is not None:
+        return _nearest(entries, memory_gb)
     if len(entries) > 1:
         keys = ", ".join(g.key for g in entries)
         raise SpecError(f"GPU type {name!r} is sold with several memories: name one of {keys}")

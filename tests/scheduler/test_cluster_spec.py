@@ -96,6 +96,25 @@ def test_unknown_type_lists_the_known_ones() -> None:
         assert key in message
 
 
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("T4 32GB", "no entry of it has 32 GB; the catalogue has T4-16GB (16 GB) ("),
+        ("H100 94GB", "the catalogue has H100-80GB (80 GB); did you mean H100NVL-94GB?"),
+    ],
+)
+def test_a_memory_no_entry_of_the_gpu_has_is_refused_not_rounded(written: str, said: str) -> None:
+    message = spec_error(spec(nodes=[{"name": "n", "devices": [{"type": written}]}]))
+    assert (
+        message.startswith(f"nodes[0].devices[0].type: GPU type {written!r}: ") and said in message
+    )
+    assert "memory_gb" in message
+    # The entry named with its own memory, or written as its driver names it, still resolves.
+    for name, key in (("T4 16GB", "T4-16GB"), ("H100 NVL 94GB", "H100NVL-94GB")):
+        ok = spec(nodes=[{"name": "n", "devices": [{"type": name}]}])
+        assert parse_cluster(ok).devices[0].type == key
+
+
 def test_missing_type_names_the_field() -> None:
     message = spec_error(spec(nodes=[{"name": "n", "devices": [{"count": 2}]}]))
     assert message.startswith("nodes[0].devices[0].type: required")
