@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -155,6 +156,13 @@ def run(args: argparse.Namespace) -> int:
         _pyplot()  # before minutes of simulation, not after
     cluster = load_cluster(args.cluster)
     trace = load_any(args.trace, args.trace_format)
+    for flag, value, least in (
+        ("--round-s", args.round_s, "> 0"),
+        ("--reallocation-s", args.reallocation_s, ">= 0"),
+    ):
+        ok = value > 0 if least == "> 0" else value >= 0
+        if not (ok and math.isfinite(value)):
+            raise HetschedError(f"{flag}: must be a number of seconds {least}, got {value:g}")
     settings = SimSettings(
         round_s=args.round_s,
         reallocation_s=args.reallocation_s,

@@ -145,7 +145,9 @@ def test_generate_writes_a_trace_the_simulator_reads(
     ("extra", "message"),
     [
         (["--policy", "lottery"], "--policy: unknown 'lottery'; allowed: fifo, fair, goodput"),
-        (["--round-s", "0"], "round_s: must be a number > 0"),
+        (["--round-s", "0"], "--round-s: must be a number of seconds > 0, got 0"),
+        (["--reallocation-s", "-1"], "--reallocation-s: must be a number of seconds >= 0, got -1"),
+        (["--round-s", "nan"], "--round-s: must be a number of seconds > 0, got nan"),
     ],
 )
 def test_bad_options_are_one_line_errors(
