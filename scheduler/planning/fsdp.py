@@ -165,6 +165,7 @@ def entries(
                 recompute=RECOMPUTE_MODES[mode] if m > 0 else "none",
                 shard=f,
                 shard_group=shard_group,
+                precision=d.precision,
             )
         )
     return out

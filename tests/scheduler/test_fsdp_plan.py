@@ -426,6 +426,15 @@ def test_llama_13b_shards_follow_memory_over_big_and_small_gpus() -> None:
     assert min(d.shard for d in a100) > 2 * max(d.shard for d in l4)
 
 
+def test_each_shard_trains_in_the_precision_its_costs_were_priced_in() -> None:
+    """The plan entry's precision is what the worker's autocast runs; the costs are the
+    profile's, in that device's precision (bf16 on both here), so they must agree."""
+    profile = two_a100s_four_l4s()
+    plan = make_plan(profile, 64, "fsdp")
+    assert {d.id: d.precision for d in plan.devices} == {d.id: d.precision for d in profile.devices}
+    assert {d.precision for d in plan.devices} == {"bf16"}
+
+
 @pytest.mark.parametrize(
     ("model", "gpu", "count"), [("llama-7b", "L4-24GB", 8), ("llama-13b", "L4-24GB", 16)]
 )
