@@ -156,13 +156,13 @@ def run(args: argparse.Namespace) -> int:
         _pyplot()  # before minutes of simulation, not after
     cluster = load_cluster(args.cluster)
     trace = load_any(args.trace, args.trace_format)
-    for flag, value, least in (
-        ("--round-s", args.round_s, "> 0"),
-        ("--reallocation-s", args.reallocation_s, ">= 0"),
-    ):
-        ok = value > 0 if least == "> 0" else value >= 0
-        if not (ok and math.isfinite(value)):
-            raise HetschedError(f"{flag}: must be a number of seconds {least}, got {value:g}")
+    # Checked here to name the flags as typed (SimSettings names its own fields).
+    if not (args.round_s > 0 and math.isfinite(args.round_s)):
+        raise HetschedError(f"--round-s: must be a number of seconds > 0, got {args.round_s:g}")
+    if not (args.reallocation_s >= 0 and math.isfinite(args.reallocation_s)):
+        raise HetschedError(
+            f"--reallocation-s: must be a number of seconds >= 0, got {args.reallocation_s:g}"
+        )
     settings = SimSettings(
         round_s=args.round_s,
         reallocation_s=args.reallocation_s,

@@ -75,9 +75,8 @@ def check_output(flag: str, path: Path, *, suffixes: tuple[str, ...] = ()) -> No
     folder, a folder that does not exist, or (``suffixes``) an extension not allowed."""
     if path.is_dir():
         raise HetschedError(f"{flag}: {path} is a folder; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise HetschedError(f"{flag}: folder {parent} does not exist")
+    if not path.parent.is_dir():  # a bare file name's parent is "."
+        raise HetschedError(f"{flag}: folder {path.parent} does not exist")
     if suffixes and path.suffix.lower() not in suffixes:
         raise HetschedError(
             f"{flag}: {path.name} must end in {', '.join(suffixes)}, got {path.suffix or 'none'}"
