@@ -37,7 +37,7 @@ from scheduler.models.activations import (
 Family = Literal["gpt", "llama"]
 
 MIXED_PRECISION_STATE_BYTES_PER_PARAM = 16
-GRADIENT_BYTES_PER_PARAM = 2
+GRADIENT_BYTES_PER_PARAM = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,7 +179,8 @@ class ModelPreset:
 
     @property
     def gradient_bytes(self) -> int:
-        """Bytes all-reduced per step (16-bit gradients)."""
+        """Bytes all-reduced per step. The workers keep fp32 weights under autocast, so
+        their gradients, and the flat buffer they all-reduce, are fp32."""
         return GRADIENT_BYTES_PER_PARAM * self.num_params
 
     @property

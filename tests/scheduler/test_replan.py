@@ -322,7 +322,8 @@ def test_the_new_plan_moves_samples_away_from_the_slowed_device() -> None:
 
 def test_a_free_checkpoint_lets_idle_devices_join() -> None:
     # gpt-tiny's analytic dp plan trains on node-a alone; slowing node-a/0 makes
-    # node-b worth its all-reduce, which needs a checkpoint to bring its replicas in
+    # node-b worth its all-reduce (or a move to it), which needs a checkpoint to
+    # bring its replicas in
     profile = local_sim()
     plan = make_plan(profile, GLOBAL_BATCH, "dp")
     live = live_profile(profile, {fastest(profile): 3.0})
@@ -330,9 +331,8 @@ def test_a_free_checkpoint_lets_idle_devices_join() -> None:
     free = decide_replan(plan, live, switch_cost_s=0.0, **kwargs)  # type: ignore[arg-type]
     costly = decide_replan(plan, live, switch_cost_s=5.0, **kwargs)  # type: ignore[arg-type]
     assert free.switch and not free.in_place
-    assert {d.node for d in live.devices if d.id in {e.id for e in free.new_plan.active}} == {
-        "node-a",
-        "node-b",
+    assert "node-b" in {
+        d.node for d in live.devices if d.id in {e.id for e in free.new_plan.active}
     }
     assert costly.switch and costly.in_place
     assert free.new_step_s < costly.new_step_s < costly.old_step_s
