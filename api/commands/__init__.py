@@ -54,9 +54,10 @@ COMMANDS: dict[str, Command] = {
     "cluster-sim": Command(
         "cluster_sim",
         "replay a job trace on a cluster under scheduling policies (no training)",
-        "Compare scheduling policies on a cluster spec and a job trace (CSV: "
-        "name,arrival_s,model,global_batch,steps[,priority,min_devices,max_devices]) "
-        "from the cost model alone, or generate such a trace.",
+        "Compare scheduling policies on a cluster spec and a job trace from the cost "
+        "model alone, or generate such a trace. The trace is a CSV with columns name, "
+        "arrival_s, model, global_batch, steps and, optionally, priority, min_devices, "
+        "max_devices, restart_s, device_types (A100-40GB|V100-32GB).",
     ),
     "serve": Command(
         "serve",

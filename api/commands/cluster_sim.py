@@ -44,7 +44,7 @@ from scheduler.clustersim.trace import TraceJob, generate_trace, trace_to_csv
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
-from scheduler.policy.types import POLICIES, PolicyName
+from scheduler.policy.types import DEFAULT_POLICY, POLICIES, PolicyName
 
 DEFAULTS = SimSettings()
 DEFAULT_RATE = 6.0
@@ -67,7 +67,8 @@ def add_parser(subparsers: Any) -> None:
         "--policy",
         default=",".join(POLICIES),
         metavar="LIST",
-        help=f"comma-separated policies from {', '.join(POLICIES)} (default: all)",
+        help=f"comma-separated policies from {', '.join(POLICIES)} (default: all; "
+        f"the service runs {DEFAULT_POLICY})",
     )
     parser.add_argument(
         "--round-s",

@@ -84,13 +84,16 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
         raise HetschedError("give --cluster FILE --model PRESET, or --profile FILE")
     if not args.model:
         raise HetschedError(f"--model: required with --cluster; known: {', '.join(PRESETS)}")
+    efficiency = args.efficiency
+    if efficiency is not None and not 0 < efficiency <= 1:  # nan fails both
+        raise HetschedError(f"--efficiency: must be in (0, 1], got {efficiency:g}")
     cluster = load_cluster(args.cluster)
     profile = analytic_profile(
         cluster, resolve_model(args.model), efficiency=args.efficiency, precision=args.precision
     )
     shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
-    at = "" if args.precision is None else f" in {args.precision}"
-    return profile, f"cluster {cluster.name}, analytic roofline{at} at {shares} of peak"
+    precision = args.precision or "fp32"  # what a job trains in unless it asks
+    return profile, f"cluster {cluster.name}, analytic roofline in {precision} at {shares} of peak"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +193,7 @@ def render(plan: Plan, profile: Profile, *, source: str) -> str:
     }
     lines = [
         f"{plan.strategy} plan for {profile.model}: global batch {plan.global_batch} on "
-        f"{len(profile.devices)} devices ({source})",
+        f"{len(profile.devices)} device{'' if len(profile.devices) == 1 else 's'} ({source})",
         "",
         format_table(headers, rows, right),
     ]

@@ -333,10 +333,31 @@ def _field(where: str, what: str, text: str, *, integer: bool, minimum: float = 
 def import_trace(text: str, trace_format: TraceFormat) -> list[TraceJob]:
     """A trace document of ``trace_format`` as hetsched jobs, sorted by arrival."""
     if trace_format == "csv":
-        return parse_trace(text)
+        try:
+            return parse_trace(text)
+        except TraceError:
+            if (guess := _looks_like(text)) is None:
+                raise
+            public, why = guess
+            raise TraceError(
+                f"trace: not hetsched's CSV but, by its {why}, a {public} trace: "
+                f"add --trace-format {public}"
+            ) from None
     originals = parse_gavel(text) if trace_format == "gavel" else parse_sia(text)
     rates = PlannedRates()
     return sorted((convert(j, rates) for j in originals), key=lambda j: j.arrival_s)
+
+
+def _looks_like(text: str) -> tuple[TraceFormat, str] | None:
+    """The public format a trace that is not hetsched's CSV seems to be in, and why: Gavel's
+    rows are tab-separated, Sia's header names ``application`` and ``num_replicas``."""
+    first = text.lstrip("\ufeff").partition("\n")[0]
+    if "\t" in first:
+        return "gavel", "tab-separated rows"
+    columns = {c.strip() for c in first.split(",")}
+    if {"application", "num_replicas"} <= columns:
+        return "sia", "columns application and num_replicas"
+    return None
 
 
 def load_any(path: str | Path, trace_format: TraceFormat) -> list[TraceJob]:

@@ -204,7 +204,8 @@ def _number(where: str, value: Any, *, minimum: float, integer: bool = False) ->
 
 def _mapping(where: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise SpecError(f"{where}: must be a mapping, got {type(value).__name__}")
+        got = "nothing (an empty file or key)" if value is None else type(value).__name__
+        raise SpecError(f"{where}: must be a mapping, got {got}")
     return value
 
 

@@ -85,7 +85,8 @@ def _check_device(where: str, device: str, known_ids: Collection[str] | None) ->
 def fault_from_dict(where: str, raw: Any, known_ids: Collection[str] | None = None) -> Fault:
     """Validate one ``simulation.faults`` entry; errors name ``where`` and the field."""
     if not isinstance(raw, dict):
-        raise SpecError(f"{where}: must be a mapping, got {type(raw).__name__}")
+        got = "nothing" if raw is None else type(raw).__name__
+        raise SpecError(f"{where}: must be a mapping, got {got}")
     allowed = {"device", "at_step", "kind", "factor"}
     for key in raw:
         if key not in allowed:

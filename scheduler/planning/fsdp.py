@@ -225,7 +225,13 @@ def _hsdp(
         )
     sync = cross_group_s(sf, links, len(groups), float(template.solution.shards.max()))
     step, compute = max(g.times(sf) for g in plans)
-    return Candidate(name="hsdp", groups=plans, step_s=step + sync, compute_s=compute, sync_s=sync)
+    return Candidate(
+        name="HSDP, one group per node",
+        groups=plans,
+        step_s=step + sync,
+        compute_s=compute,
+        sync_s=sync,
+    )
 
 
 def _flat(
@@ -282,7 +288,7 @@ def plan_fsdp(profile: Profile, global_batch: int) -> Plan:
     candidates = [
         c
         for c in (
-            _flat(usable, sf, profile.links, global_batch, f"fsdp, one group of {len(usable)}"),
+            _flat(usable, sf, profile.links, global_batch, f"one group of {len(usable)}"),
             _hsdp(usable, sf, profile.links, global_batch),
         )
         if c is not None
@@ -295,7 +301,7 @@ def plan_fsdp(profile: Profile, global_batch: int) -> Plan:
         roomy = [ds for ds in nodes.values() if sum(d.capacity_bytes for d in ds) > states]
         if roomy:
             fastest = max(roomy, key=lambda ds: sum(1 / d.per_sample_s for d in ds))
-            name = f"fsdp on {fastest[0].node} alone"
+            name = f"{fastest[0].node} alone"
             if (c := _flat(fastest, sf, profile.links, global_batch, name)) is not None:
                 candidates.append(c)
     if not candidates:
@@ -320,7 +326,7 @@ def _to_plan(
         offset += sum(group.samples)
     used = {e.id for e in out}
     excluded = excluded + [
-        Excluded(id=d.id, reason=f"idle: {best.name} is predicted faster without it")
+        Excluded(id=d.id, reason=f"idle: fsdp is predicted faster without it ({best.name})")
         for d in usable
         if d.id not in used
     ]
@@ -337,7 +343,7 @@ def _to_plan(
     others = [c for c in candidates if c is not best]
     if others:
         notes.append(
-            "fsdp also considered: " + "; ".join(f"{c.name} {c.step_s:.4g} s/step" for c in others)
+            "fsdp also considered: " + "; ".join(f"{c.name}, {c.step_s:.4g} s/step" for c in others)
         )
     return Plan(
         strategy="fsdp",

@@ -234,3 +234,17 @@ def test_a_public_trace_converts_and_replays(
         capsys, "cluster-sim", "--trace", str(sia), "--trace-format", "philly", "-o", "x"
     )
     assert code == 2 and "--trace-format: unknown 'philly'; allowed: csv, gavel, sia" in err
+
+
+@pytest.mark.parametrize(
+    ("trace", "fmt"),
+    [("gavel-max-min-fairness.trace", "gavel"), ("sia-philly-workload-1.csv", "sia")],
+)
+def test_a_public_trace_read_as_csv_names_the_flag_it_needs(
+    capsys: pytest.CaptureFixture[str], trace: str, fmt: str
+) -> None:
+    public = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "public"
+    argv = ("cluster-sim", "--cluster", "hetero-64", "--trace", str(public / trace))
+    code, out, err = run_cli(capsys, *argv, "--policy", "fifo")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.rstrip().endswith(f"a {fmt} trace: add --trace-format {fmt}")

@@ -51,6 +51,21 @@ def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert l4["sustained_tflops"] < l4["peak_tflops"] / 2  # its 72 W cap binds
 
 
+def test_the_plan_header_says_what_it_was_priced_in(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text("name: one\nnodes:\n  - name: a\n    devices: [{type: A100-80GB}]\n")
+    args = ("--cluster", str(one), "--model", "gpt-tiny", "--global-batch", "8")
+    code, out, _ = run_cli(capsys, "plan", *args)
+    assert code == 0
+    assert out.splitlines()[0].startswith(
+        "dp plan for gpt-tiny: global batch 8 on 1 device (cluster one, analytic roofline in fp32"
+    )
+    code, out, _ = run_cli(capsys, "plan", *args, "--precision", "bf16")
+    assert code == 0 and "analytic roofline in bf16" in out.splitlines()[0]
+
+
 def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
     args = ("--cluster", str(MIXED_LAB), "--model", "gpt2-small", "--global-batch", "64")
     code, out, err = run_cli(capsys, "plan", *args)
@@ -126,7 +141,10 @@ def test_strategy_choices_come_from_the_scheduler(capsys: pytest.CaptureFixture[
         ([], "give --cluster FILE --model PRESET, or --profile FILE"),
         (["--cluster", "{lab}"], "--model: required with --cluster; known: gpt-tiny"),
         (["--cluster", "{lab}", "--model", "gpt5"], "model: unknown preset 'gpt5'"),
-        (["--cluster", "{lab}", "--model", "gpt2-small", "--efficiency", "1.5"], "efficiency"),
+        (
+            ["--cluster", "{lab}", "--model", "gpt2-small", "--efficiency", "1.5"],
+            "--efficiency: must be in (0, 1], got 1.5",
+        ),
         # llama-13b's 208 GB of model states exceed the whole lab, recomputation or not
         (["--cluster", "{lab}", "--model", "llama-13b"], "no device can hold the model"),
     ],

@@ -160,7 +160,7 @@ def test_unknown_keys_are_named_with_the_allowed_ones(data: Any, field: str) -> 
     ("data", "field"),
     [
         (["a", "b"], "cluster: must be a mapping"),
-        (None, "cluster: must be a mapping"),
+        (None, "cluster: must be a mapping, got nothing (an empty file or key)"),
         (spec(nodes="node-a"), "nodes: must be a non-empty list"),
         (spec(nodes=[]), "nodes: must be a non-empty list"),
         (spec(nodes=["node-a"]), "nodes[0]: must be a mapping"),
