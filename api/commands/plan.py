@@ -89,9 +89,9 @@ def _load_profile(args: argparse.Namespace) -> tuple[Profile, str]:
         raise HetschedError(f"--efficiency: must be in (0, 1], got {efficiency:g}")
     cluster = load_cluster(args.cluster)
     profile = analytic_profile(
-        cluster, resolve_model(args.model), efficiency=args.efficiency, precision=args.precision
+        cluster, resolve_model(args.model), efficiency=efficiency, precision=args.precision
     )
-    shares = "each GPU's sustained share" if args.efficiency is None else f"{args.efficiency:.0%}"
+    shares = "each GPU's sustained share" if efficiency is None else f"{efficiency:.0%}"
     precision = args.precision or "fp32"  # what a job trains in unless it asks
     return profile, f"cluster {cluster.name}, analytic roofline in {precision} at {shares} of peak"
 
