@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         "\nTFLOP/s: peak dense bf16/fp16 tensor math with fp32 accumulate (fp32 where 16-bit"
         "\nmath has no speed-up), vendor figures. SUSTAINED: what analytic plans price a"
         "\n16-bit matrix product at (scheduler/cost/roofline.py); * a published measurement of"
-        "\nthe part, else its segment's share of peak or its power cap's bound. `--json` adds"
-        "\nfp32, the interconnect, the sustained bandwidth and each measurement's source."
+        "\nthe part (a GeForce card's may exceed its peak: the peak is quoted at the rated"
+        "\nboost clock, which those cards run above), else its segment's share of peak or"
+        "\nits power cap's bound. `--json` adds fp32, the interconnect, the sustained"
+        "\nbandwidth and each measurement's source."
     )
     return 0
 
