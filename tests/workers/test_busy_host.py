@@ -47,6 +47,10 @@ pytestmark = pytest.mark.skipif(
 BURNERS = 2
 MICRO_BATCH = 4
 STEPS = 4
+TRIES = 3
+CHANGED_LOAD = 1.6
+"""A step whose CPU time is this many times the probe's inflation of the calibration ran
+under a load the probe did not see."""
 
 
 @contextmanager
@@ -110,15 +114,24 @@ def test_a_paced_device_keeps_its_pace_beside_cpu_burners(host_cost) -> None:
     tolerance of its GPU's time, although the compute's wall time is several times its
     CPU time, and its CPU time more than the calibration's (the probe measures both)."""
     model = GPT(TINY, seed=0)
-    with burning_one_core():
-        load = probe_with_model(TINY, host_cost)
-        need = needed_margin(1, load.num_cpus, load.others, cpu_inflation=load.cpu_inflation)
-        if need > MAX_MARGIN:  # other processes crowd the core too: not what this test asks
-            pytest.skip(f"host busier than the burners: margin {need:.1f} needed, {load}")
-        margin = margin_for(1, load.num_cpus, load.others, cpu_inflation=load.cpu_inflation)
-        pacing = Pacing(margin=margin, speed_ratio=1.0, host=host_cost)
-        device = SimulatedDevice(device_id="a/0", capacity_bytes=2**40, pacing=pacing)
-        steps = _paced_steps(device, model)
+    calibrated = host_cost.time_s(MICRO_BATCH)
+    for _ in range(TRIES):
+        with burning_one_core():
+            load = probe_with_model(TINY, host_cost)
+            need = needed_margin(1, load.num_cpus, load.others, cpu_inflation=load.cpu_inflation)
+            if need > MAX_MARGIN:  # other processes crowd the core too: not what this asks
+                pytest.skip(f"host busier than the burners: margin {need:.1f} needed, {load}")
+            margin = margin_for(1, load.num_cpus, load.others, cpu_inflation=load.cpu_inflation)
+            pacing = Pacing(margin=margin, speed_ratio=1.0, host=host_cost)
+            device = SimulatedDevice(device_id="a/0", capacity_bytes=2**40, pacing=pacing)
+            steps = _paced_steps(device, model)
+        inflation = max(u.cpu_s for u in steps[1:]) / calibrated
+        if inflation <= CHANGED_LOAD * max(load.cpu_inflation, 1.0):
+            break
+        # Some other process (another test worker) joined the core after the probe: the
+        # margin answered the load it measured, not this one. Probe again.
+    else:
+        pytest.skip(f"the host's load kept changing after each probe (CPU x{inflation:.1f})")
     target = pacing.target_s(MICRO_BATCH)
     for usage in steps[1:]:  # the first warms up
         assert target * 0.99 <= usage.busy_s <= (1 + LAG_TOLERANCE) * target, (
