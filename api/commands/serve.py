@@ -22,6 +22,7 @@ once with one line saying so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -170,10 +171,21 @@ def _serve(settings: Any) -> int:
         simulating = f" simulating {settings.cluster_file.name}" if settings.cluster else ""
         where = f"Ray at {settings.ray_address}{simulating}"
     print(f"hetsched: control plane on {where}; data in {settings.data_dir.resolve()}")
-    print(f"hetsched: dashboard at http://{host}:{settings.port}/  (API docs at /docs)", flush=True)
+    print("hetsched: starting (database, Ray, workers) ...", flush=True)
+
+    class Server(uvicorn.Server):
+        """Gives the dashboard's address once it answers: after the app's startup and
+        the bind, so the first request a user makes from it is not refused."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                address = f"http://{host}:{settings.port}/"
+                print(f"hetsched: dashboard at {address}  (API docs at /docs)", flush=True)
+
     # No access log: at this log level uvicorn never printed it, yet built its line's
     # fields for every request (fifty dashboards polling: thousands a second).
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -181,4 +193,7 @@ def _serve(settings: Any) -> int:
         access_log=False,
         http=OneSendHttpProtocol,
     )
-    return 0
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1

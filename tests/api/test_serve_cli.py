@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from api.cli import main
 from api.commands.serve import check_exposure
+from tests.support import SERVE_START_S, Serve
 
 
 def test_bad_cluster_spec_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,3 +77,19 @@ def test_insecure_flag_gets_past_the_check(
         argv = ["serve", "--host", "0.0.0.0", "--port", str(port), "--insecure-no-token"]
         assert main([*argv, "--data-dir", str(tmp_path)]) == 2
     assert "cannot listen on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_the_dashboard_answers_as_soon_as_its_address_is_printed(tmp_path: Path) -> None:
+    """A user opens the address the moment it appears, before the cluster has settled: it
+    must answer then, not refuse the connection while the database and Ray start."""
+    service = Serve(tmp_path / "data", "--num-cpus", "2")
+    try:
+        deadline = time.monotonic() + SERVE_START_S
+        while "dashboard at" not in (said := service.log.read_text(errors="replace")):
+            assert service.process.poll() is None, service.tail()
+            assert time.monotonic() < deadline, service.tail()
+            time.sleep(0.02)
+        assert f"hetsched: dashboard at {service.url}/" in said
+        assert httpx.get(f"{service.url}/", timeout=10).status_code == 200
+    finally:
+        assert service.stop() in (0, -signal.SIGTERM), service.tail()  # uvicorn re-raises it
