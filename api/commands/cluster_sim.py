@@ -39,7 +39,13 @@ from api.commands.plan import format_table
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
 from scheduler.clustersim.offline import best_found_schedule
-from scheduler.clustersim.simulator import SimResult, SimSettings, replay_policy, simulate
+from scheduler.clustersim.simulator import (
+    SimResult,
+    SimSettings,
+    check_runnable,
+    replay_policy,
+    simulate,
+)
 from scheduler.clustersim.trace import TraceJob, generate_trace, trace_to_csv
 from scheduler.errors import HetschedError
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -170,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         policy=replay_policy(reallocation_s=args.reallocation_s),
     )
     rates = PlannedRates.for_cluster(cluster)
+    check_runnable(cluster, trace, rates, round_s=settings.round_s)  # before any progress line
     results = []
     with _stdout_to_stderr():
         for policy in policies:

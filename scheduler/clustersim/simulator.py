@@ -205,8 +205,17 @@ class _Live:
         )
 
 
-def check_runnable(cluster: Cluster, trace: list[TraceJob], rates: PlannedRates) -> None:
-    """Raise :class:`SimulationError` naming the first job that can never run on ``cluster``."""
+MAX_ROUNDS = 200_000
+"""Scheduling rounds a replay may need at least (2 years of cluster time at the default
+``round_s``); a trace beyond it is refused up front rather than replayed for hours."""
+
+
+def check_runnable(
+    cluster: Cluster, trace: list[TraceJob], rates: PlannedRates, *, round_s: float | None = None
+) -> None:
+    """Raise :class:`SimulationError` naming the first job that can never run on ``cluster``,
+    or, given ``round_s``, that would keep a replay deciding for more than
+    :data:`MAX_ROUNDS` rounds."""
     classes = ClusterClasses.of(cluster)
     for job in trace:
         rate = job_rate(rates, model=job.model, global_batch=job.global_batch)
@@ -225,6 +234,18 @@ def check_runnable(cluster: Cluster, trace: list[TraceJob], rates: PlannedRates)
                 f"trace job {job.name!r}: min_devices {job.min_devices} but only {usable} devices "
                 f"of cluster {cluster.name} can hold {job.model}"
             )
+        if round_s is not None:
+            # No allocation beats every device that holds the model, each at its solo rate.
+            fastest_s = (
+                job.steps * job.global_batch / sum(classes.capacity(c) * r for c, r in fits.items())
+            )
+            if (job.arrival_s + fastest_s) / round_s > MAX_ROUNDS:
+                raise SimulationError(
+                    f"trace job {job.name!r}: steps {job.steps:,} take at least "
+                    f"{fastest_s / 86400:,.0f} days even on all {usable} devices that hold "
+                    f"{job.model}, over {MAX_ROUNDS:,} scheduling rounds of {round_s:g} s: "
+                    "lower its steps or raise --round-s"
+                )
 
 
 def simulate(
@@ -249,7 +270,7 @@ def simulate(
     """
     settings = settings or SimSettings()
     rates = rates or PlannedRates.for_cluster(cluster)
-    check_runnable(cluster, trace, rates)
+    check_runnable(cluster, trace, rates, round_s=settings.round_s)
     replay = _Replay(cluster=cluster, trace=trace, policy=policy, settings=settings, rates=rates)
     while replay.arrivals or replay.active:
         changed = replay.retire_finished()

@@ -248,3 +248,19 @@ def test_a_public_trace_read_as_csv_names_the_flag_it_needs(
     code, out, err = run_cli(capsys, *argv, "--policy", "fifo")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.rstrip().endswith(f"a {fmt} trace: add --trace-format {fmt}")
+
+
+def test_a_trace_that_would_replay_for_ages_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"name,arrival_s,model,global_batch,steps\nforever,0,gpt2-small,64,{10**12}\n")
+    argv = ("cluster-sim", "--cluster", "hetero-64", "--trace", str(trace), "--policy", "fair")
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1
+    assert "trace job 'forever': steps 1,000,000,000,000 take at least" in err
+    assert err.rstrip().endswith("lower its steps or raise --round-s")
+    # the same job at a length a cluster can finish replays
+    trace.write_text(trace.read_text().replace(str(10**12), "1000"))
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and "fair" in out
