@@ -68,6 +68,8 @@ class ClusterHandle:
     """The warm workers (:class:`workers.cluster.pool.WorkerPool`) when the cluster is available."""
     local_ray: LocalRaySession | None = None
     """Set when this service started the local Ray: it stops it when it stops."""
+    closing: bool = False
+    """Set by :meth:`close`: workers lost from then on were stopped, not broken."""
 
     def warm(self) -> None:
         """Start every device's worker now, so the first job starts warm (errors logged)."""
@@ -76,10 +78,14 @@ class ClusterHandle:
         try:
             self.pool.warm()
         except Exception as exc:  # a job will report the device; the service goes on
+            if self.closing:  # stopped mid-warm-up (SIGTERM during startup): not a fault
+                log.info("warm-up cut short: the service is stopping")
+                return
             log.warning("could not warm the device workers: %s", _one_line(exc))
 
     def close(self) -> None:
         """Stop the warm workers, then the local Ray this service started, if any."""
+        self.closing = True
         if self.pool is not None:
             self.pool.shutdown()
         if self.local_ray is not None:
