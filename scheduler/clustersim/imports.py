@@ -351,7 +351,7 @@ def import_trace(text: str, trace_format: TraceFormat) -> list[TraceJob]:
 def _looks_like(text: str) -> tuple[TraceFormat, str] | None:
     """The public format a trace that is not hetsched's CSV seems to be in, and why: Gavel's
     rows are tab-separated, Sia's header names ``application`` and ``num_replicas``."""
-    first = text.lstrip("\ufeff").partition("\n")[0]
+    first = text.partition("\n")[0]  # read_trace has dropped any byte-order mark
     if "\t" in first:
         return "gavel", "tab-separated rows"
     columns = {c.strip() for c in first.split(",")}
