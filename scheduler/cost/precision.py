@@ -52,7 +52,7 @@ def rates_at(
         flops_share=flops_share,
     )
     element_ratio = ACTIVATION_BYTES[precision] / BYTES_16BIT
-    return Rates(flops_per_s=rates.flops_per_s, bytes_per_s=rates.bytes_per_s / element_ratio)
+    return replace(rates, bytes_per_s=rates.bytes_per_s / element_ratio)
 
 
 def _bytes(value: int, ratio: float) -> int:

@@ -26,7 +26,9 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   there is one, else at :data:`BANDWIDTH_SHARE` of the datasheet's.
 - **attention**: the ``math`` kernel runs its two products as GEMMs and streams
   its score matrix through every elementwise step (:data:`MATH_SCORE_PASSES`);
-  the fused kernels run at :data:`FUSED_ATTENTION_SHARE` of the GEMM rate.
+  the fused kernels run at :data:`FUSED_ATTENTION_SHARE` of the GEMM rate (less on
+  Hopper, which FlashAttention-2 does not use in full:
+  :data:`FUSED_ATTENTION_SHARE_BY_ARCHITECTURE`).
 
 - **the optimizer step**: a fused AdamW streams every parameter's states once per
   step (:func:`optimizer_step_s`), at the streaming bandwidth.
@@ -109,6 +111,13 @@ FUSED_ATTENTION_SHARE = 0.8
 """Share of the GEMM rate the fused (flash, memory-efficient) attention kernels reach
 forward + backward: FlashAttention-2 reaches 50–73 % of the A100's peak (Dao, 2023),
 against about 74 % for a large GEMM."""
+FUSED_ATTENTION_SHARE_BY_ARCHITECTURE: dict[str, float] = {"hopper": 0.35 / 0.64}
+"""Where the fused kernels reach a different share of the GEMM rate. Hopper: FlashAttention-2
+is written for Ampere's synchronous tensor-core instructions and uses none of Hopper's
+(wgmma, TMA), so it reaches only about 35 % of an H100's peak (Shah et al.,
+"FlashAttention-3", 2024, arXiv:2407.08608, abstract), where a large GEMM reaches 0.64
+(the H100 SXM's measured 637 of 989 TFLOP/s): about 0.55 of the GEMM rate, not 0.8. A stack
+that runs FlashAttention-3 or cuDNN's attention on Hopper runs it faster than this."""
 
 
 def dvfs_capped_tflops(gpu: GpuSpec) -> float | None:
@@ -178,7 +187,13 @@ class Rates:
             tflops = sustained_gemm_tflops(gpu, peak_tflops=peak_tflops)
         else:
             tflops = (gpu.peak_tflops if peak_tflops is None else peak_tflops) * flops_share
-        return cls(flops_per_s=tflops * 1e12, bytes_per_s=sustained_bandwidth_gbps(gpu) * 1e9)
+        return cls(
+            flops_per_s=tflops * 1e12,
+            bytes_per_s=sustained_bandwidth_gbps(gpu) * 1e9,
+            fused_attention_share=FUSED_ATTENTION_SHARE_BY_ARCHITECTURE.get(
+                gpu.architecture, FUSED_ATTENTION_SHARE
+            ),
+        )
 
     def time_s(self, *, flops: float, num_bytes: float) -> float:
         """One kernel class: the slower of its compute and its memory traffic."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.cost.precision import rates_at
 from scheduler.cost.profile import analytic_profile
 from scheduler.cost.roofline import (
     ADAMW_BYTES_PER_PARAM,
@@ -231,3 +232,35 @@ def test_a100_pcie_parts_sustain_less_than_the_sxm_part() -> None:
         pcie = Rates.of(lookup(key))
         assert pcie.flops_per_s < sxm.flops_per_s, key
         assert pcie.bytes_per_s < sxm.bytes_per_s, key
+
+
+def test_flash_attention_costs_hopper_more_of_its_speed_as_sequences_grow() -> None:
+    # FlashAttention-2 uses none of Hopper's tensor-core instructions (35 % of an H100's
+    # peak, FlashAttention-3's paper) where an A100 runs it near its GEMM rate, so a long
+    # sequence, whose attention is a larger share of the layer, narrows the H100's lead;
+    # between two Ampere cards the ratio barely moves.
+    def layer_speed(gpu: str, seq_len: int) -> float:
+        m = ModelPreset(
+            name="llama-13b-layer",
+            family="llama",
+            num_layers=1,
+            d_model=5120,
+            num_heads=40,
+            d_ff=13824,
+            vocab_size=32000,
+            seq_len=seq_len,
+            attention="flash",
+        )
+        return 1 / block_time(m, Rates.of(lookup(gpu))).per_sample_s
+
+    def lead(fast: str, slow: str, seq_len: int) -> float:
+        return layer_speed(fast, seq_len) / layer_speed(slow, seq_len)
+
+    hopper_drop = lead("H100-80GB", "A100-80GB", 4096) / lead("H100-80GB", "A100-80GB", 512)
+    ampere_drop = lead("A100-80GB", "A10G-24GB", 4096) / lead("A100-80GB", "A10G-24GB", 512)
+    assert hopper_drop < 0.97
+    assert ampere_drop == pytest.approx(1, abs=0.02)
+    hopper = Rates.of(lookup("H100-80GB")).fused_attention_share
+    assert hopper < Rates.of(lookup("A100-80GB")).fused_attention_share
+    # and a plan in another precision keeps it (it rebuilds the rates for its element size)
+    assert rates_at(lookup("H100-80GB"), "fp32").fused_attention_share == hopper
