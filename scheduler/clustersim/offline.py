@@ -18,6 +18,14 @@ shortest job first (by its fastest run time) and the least work first, random sw
 moves of one job are kept when the average JCT does not rise, for a fixed number of
 tries from a fixed seed, so a figure can be reproduced.
 
+Issue 20's target has two halves, a lower average JCT and a p99 no worse than ``fair``'s,
+and the order with the lowest average often fails the second: it runs the longest jobs
+last. With ``p99_cap_s`` the search keeps, of two orders, the one nearer the cap while
+both are over it and the one with the lower average once both are under it, starting also
+from the most work first (the order that finishes the longest jobs soonest); so "the best
+schedule found that meets both halves" is a figure too, and where even it misses, the
+target is beyond what the search finds, not only beyond the policy.
+
 Not the optimum: a list schedule never keeps a device idle for a job to come, always
 gives a job its fastest fitting configuration (never a smaller one that leaves room for
 the next), and the search is local. The figure is a schedule's, so it is an upper bound
@@ -73,18 +81,30 @@ def best_found_schedule(
     *,
     tries: int = DEFAULT_TRIES,
     seed: int = 0,
+    p99_cap_s: float | None = None,
 ) -> OfflineSchedule:
-    """The lowest-average-JCT priority order found for ``trace`` on ``cluster``."""
+    """The lowest-average-JCT priority order found for ``trace`` on ``cluster``; with
+    ``p99_cap_s``, the lowest among the orders found whose p99 JCT is at most the cap
+    (where none is, the one nearest it: check the result's ``p99_jct_s``)."""
     if not trace:
         raise ValueError("the trace has no jobs")
     replay = _ListSchedule(trace, cluster, rates)
-    starts = [
-        sorted(range(len(trace)), key=lambda j: replay.fastest_s[j]),
-        sorted(range(len(trace)), key=lambda j: replay.work[j]),
-    ]
-    best_order, best = min(((o, replay.avg(o)) for o in starts), key=lambda x: x[1])
-    rng = random.Random(seed)
     n = len(trace)
+    starts = [
+        sorted(range(n), key=lambda j: replay.fastest_s[j]),
+        sorted(range(n), key=lambda j: replay.work[j]),
+    ]
+    if p99_cap_s is not None:
+        starts.append(sorted(range(n), key=lambda j: -replay.work[j]))
+
+    def score(order: Sequence[int]) -> tuple[float, float]:
+        """(p99 beyond the cap, average JCT): lower is better, the first deciding."""
+        jcts = replay.jcts(order)
+        over = 0.0 if p99_cap_s is None else max(0.0, percentile(jcts, 99) - p99_cap_s)
+        return over, statistics.fmean(jcts)
+
+    best_order, best = min(((o, score(o)) for o in starts), key=lambda x: x[1])
+    rng = random.Random(seed)
     for _ in range(tries if n > 1 else 0):
         order = list(best_order)
         i, k = rng.sample(range(n), 2)
@@ -92,9 +112,9 @@ def best_found_schedule(
             order[i], order[k] = order[k], order[i]
         else:
             order.insert(k, order.pop(i))
-        avg = replay.avg(order)
-        if avg <= best:
-            best_order, best = order, avg
+        scored = score(order)
+        if scored <= best:
+            best_order, best = order, scored
     return OfflineSchedule(jcts_s=tuple(replay.jcts(best_order)), tries=tries + len(starts))
 
 
@@ -131,9 +151,6 @@ class _ListSchedule:
             options.sort(key=lambda o: -o.rate)
             self.options.append(options)
         self.fastest_s = [w / o[0].rate for w, o in zip(self.work, self.options, strict=True)]
-
-    def avg(self, order: Sequence[int]) -> float:
-        return statistics.fmean(self.jcts(order))
 
     def jcts(self, order: Sequence[int]) -> list[float]:
         """Each job's JCT (trace order) under priority ``order``."""

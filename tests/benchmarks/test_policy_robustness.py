@@ -10,12 +10,13 @@ V100), at a light and a heavy load, both job-size mixes, on seeds the sweep does
 Printed per trace: ``goodput``'s average JCT against ``fair``'s, the most any policy could
 gain on ``fair``'s average (the shared-capacity bound of :mod:`scheduler.clustersim.bound`),
 what the best schedule found knowing the trace gains (:mod:`scheduler.clustersim.offline`,
-restarts free), ``goodput``'s p99 JCT and makespan against ``fair``'s. Then a summary: on
-how many traces issue 20's target (at least 15 % below ``fair`` on average JCT, p99 not
-worse) is met, out of any policy's reach (the bound), beyond the best schedule found, or
-missed, and the spread of the gain. Asserted: every job finishes, no replay and no
-schedule found beats the bound, and ``goodput`` is never worse than ``fair`` on average
-JCT.
+restarts free) and what the best found whose p99 is no worse than ``fair``'s gains,
+``goodput``'s p99 JCT and makespan against ``fair``'s. Then a summary: on how many traces
+issue 20's target (at least 15 % below ``fair`` on average JCT, p99 not worse) is met, out
+of any policy's reach (the bound), beyond every schedule found (none found meets both
+halves), or missed, and the spread of the gain. Asserted: every job finishes, no replay
+and no schedule found beats the bound, and ``goodput`` is never worse than ``fair`` on
+average JCT.
 
 Run on purpose (about 40 minutes on a 2-core machine, most of it the bounds on the busy traces):
 
@@ -30,7 +31,6 @@ from pathlib import Path
 import pytest
 
 from scheduler.clustersim.bound import shared_avg_jct_s
-from scheduler.clustersim.offline import best_found_schedule
 from scheduler.clustersim.simulator import simulate
 from scheduler.clustersim.trace import TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -44,6 +44,7 @@ from tests.benchmarks.test_policy_sweep import (
     SIA,
     Outcome,
     fitted,
+    found_schedules,
 )
 
 CLUSTERS: dict[str, Path] = {
@@ -100,13 +101,13 @@ def test_default_policy_against_fair_on(case: Case) -> None:
     for result in (fair, default):
         assert len(result.jobs) == len(trace)
         assert result.avg_jct_s >= bound_s * 0.999
-    found_s = best_found_schedule(trace, cluster, rates).avg_jct_s
-    assert found_s >= bound_s * 0.999
-    outcome = Outcome.of(default, fair, bound_s=bound_s, found_s=found_s)
+    found, both = found_schedules(trace, cluster, rates, fair)
+    assert min(found.avg_jct_s, both.avg_jct_s) >= bound_s * 0.999
+    outcome = Outcome.of(default, fair, bound_s=bound_s, found=found, both=both)
     OUTCOMES[label(case)] = outcome
     print(
         f"\n{label(case):42s} avg JCT {outcome.gain:+6.1%} (bound {outcome.reachable:+6.1%}, "
-        f"found {outcome.found:+6.1%}), "
+        f"found {outcome.found:+6.1%}, with p99 {outcome.found_both_text}), "
         f"p99 {outcome.p99_ratio - 1:+6.1%}, makespan {outcome.makespan_ratio - 1:+6.1%}: "
         f"{outcome.verdict}"
     )

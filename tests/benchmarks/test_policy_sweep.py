@@ -23,7 +23,10 @@ figure the target cannot be met on that trace by any policy, and the summary say
 Above them, the best schedule :mod:`scheduler.clustersim.offline` finds knowing the
 whole trace in advance, restarts free: the best possible average lies between it and the
 bound, and where even it is less than 15 % below ``fair``'s, an online policy is not
-expected to get there either (the summary says so: the search is not exhaustive).
+expected to get there either (the summary says so: the search is not exhaustive). That
+schedule often fails the target's other half (it runs the longest jobs last), so the
+search runs again under a p99 cap at ``fair``'s: a trace is a miss of the policy only
+where some schedule found meets both halves.
 Asserted: every job finishes under every policy, none beats either bound, the schedule
 found does not either, and ``goodput`` never has a higher average JCT than ``fifo``.
 Decision time at 2,000 GPUs × 200 jobs is
@@ -43,7 +46,7 @@ import pytest
 
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TraceFormat, load_any
-from scheduler.clustersim.offline import best_found_schedule
+from scheduler.clustersim.offline import OfflineSchedule, best_found_schedule
 from scheduler.clustersim.simulator import SimResult, simulate
 from scheduler.clustersim.trace import LARGE_REQUEST_MIX, TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -104,6 +107,22 @@ TARGET = 0.15
 """Issue 20: the default policy's average JCT at least this far below ``fair``'s."""
 
 
+P99_SLACK = 1.001
+"""A p99 within 0.1 % of ``fair``'s counts as not worse (replays' rounding)."""
+
+
+def found_schedules(
+    trace: list[TraceJob], cluster: Cluster, rates: PlannedRates, fair: SimResult
+) -> tuple[OfflineSchedule, OfflineSchedule]:
+    """The best schedule found knowing the trace, and the best found whose p99 JCT is no
+    worse than ``fair``'s (the same one where it already is; otherwise a search under
+    that cap, whose result may still be over it where no order found meets it)."""
+    found = best_found_schedule(trace, cluster, rates)
+    if found.p99_jct_s <= fair.p99_jct_s * P99_SLACK:
+        return found, found
+    return found, best_found_schedule(trace, cluster, rates, p99_cap_s=fair.p99_jct_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     gain: float
@@ -112,27 +131,48 @@ class Outcome:
     """1 - the bound / fair's average JCT: the most any policy could gain."""
     found: float
     """1 - the best schedule found / fair's average JCT: what a clairvoyant one gains."""
+    found_both: float | None
+    """The same for the best schedule found whose p99 is no worse than fair's; None where
+    the search found none."""
     p99_ratio: float
     makespan_ratio: float
 
     @classmethod
-    def of(cls, default: SimResult, fair: SimResult, *, bound_s: float, found_s: float) -> Outcome:
-        """The default policy's replay against ``fair``'s, the bound and the schedule found."""
+    def of(
+        cls,
+        default: SimResult,
+        fair: SimResult,
+        *,
+        bound_s: float,
+        found: OfflineSchedule,
+        both: OfflineSchedule,
+    ) -> Outcome:
+        """The default policy's replay against ``fair``'s, the bound and the schedules found
+        (:func:`found_schedules`)."""
+        meets_p99 = both.p99_jct_s <= fair.p99_jct_s * P99_SLACK
         return cls(
             gain=1 - default.avg_jct_s / fair.avg_jct_s,
             reachable=1 - bound_s / fair.avg_jct_s,
-            found=1 - found_s / fair.avg_jct_s,
+            found=1 - found.avg_jct_s / fair.avg_jct_s,
+            found_both=1 - both.avg_jct_s / fair.avg_jct_s if meets_p99 else None,
             p99_ratio=default.p99_jct_s / fair.p99_jct_s,
             makespan_ratio=default.makespan_s / fair.makespan_s,
         )
 
     @property
+    def found_both_text(self) -> str:
+        return "none" if self.found_both is None else f"{self.found_both:+.1%}"
+
+    @property
     def verdict(self) -> str:
-        if self.gain >= TARGET and self.p99_ratio <= 1.001:
+        """``beyond found``: no schedule the search found meets both halves of the target
+        (the one with the lowest average often fails the p99 half: it runs the longest jobs
+        last), so an online policy is not expected to either."""
+        if self.gain >= TARGET and self.p99_ratio <= P99_SLACK:
             return "meets"
         if self.reachable < TARGET:
             return "out of reach"
-        if self.found < TARGET:
+        if self.found_both is None or self.found_both < TARGET:
             return "beyond found"
         return "MISSES"
 
@@ -140,8 +180,8 @@ class Outcome:
 RESULTS: dict[str, dict[str, SimResult]] = {}
 BOUND_S: dict[str, float] = {}
 """Per trace, the shared-capacity lower bound on average JCT (never below the other)."""
-FOUND_S: dict[str, float] = {}
-"""Per trace, the best clairvoyant schedule's average JCT."""
+FOUND: dict[str, tuple[OfflineSchedule, OfflineSchedule]] = {}
+"""Per trace, the best clairvoyant schedules found (:func:`found_schedules`)."""
 
 
 def _h(seconds: float) -> str:
@@ -165,9 +205,9 @@ def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> 
     horizon_s = max(r.makespan_s for r in results.values()) + min(j.arrival_s for j in trace)
     shared = shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s)
     BOUND_S[label] = shared
-    found = best_found_schedule(trace, cluster, rates)
-    assert found.avg_jct_s >= shared * 0.999, label
-    FOUND_S[label] = found.avg_jct_s
+    found, both = found_schedules(trace, cluster, rates, results["fair"])
+    assert min(found.avg_jct_s, both.avg_jct_s) >= shared * 0.999, label
+    FOUND[label] = found, both
     print(
         f"\n{label:34s} bounds   avg {_h(alone)} h each job alone on its best allocation, "
         f"{_h(shared)} h sharing the cluster"
@@ -176,6 +216,11 @@ def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> 
         f"{label:34s} found    avg {_h(found.avg_jct_s)} h  p99 {_h(found.p99_jct_s)} h "
         "the best schedule found knowing the trace, restarts free"
     )
+    if both is not found:
+        print(
+            f"{label:34s} found    avg {_h(both.avg_jct_s)} h  p99 {_h(both.p99_jct_s)} h "
+            "the best found with p99 no worse than fair's"
+        )
     for policy, result in results.items():
         assert len(result.jobs) == len(trace), (label, policy)
         # No replay beats a lower bound (each without restart costs).
@@ -197,14 +242,17 @@ def test_summary_of_where_each_policy_wins() -> None:
     wins: dict[str, list[str]] = {p: [] for p in POLICIES}
     print(f"\n{DEFAULT_POLICY} vs fair per trace (target: >= 15% lower avg JCT, p99 not worse;")
     print("bound: the most any policy could gain on fair's average, from the shared bound;")
-    print("found: what the best schedule found knowing the trace gains, restarts free):")
+    print("found: what the best schedule found knowing the trace gains, restarts free;")
+    print("with p99: the same for the best found whose p99 is no worse than fair's):")
     for label, results in RESULTS.items():
         wins[min(results, key=lambda p: results[p].avg_jct_s)].append(label)
         default, fair = results[DEFAULT_POLICY], results["fair"]
-        outcome = Outcome.of(default, fair, bound_s=BOUND_S[label], found_s=FOUND_S[label])
+        found, both = FOUND[label]
+        outcome = Outcome.of(default, fair, bound_s=BOUND_S[label], found=found, both=both)
         print(
             f"  {label:34s} avg JCT {outcome.gain:+6.1%} (bound {outcome.reachable:+6.1%}, "
-            f"found {outcome.found:+6.1%}), p99 {outcome.p99_ratio - 1:+6.1%}: {outcome.verdict}"
+            f"found {outcome.found:+6.1%}, with p99 {outcome.found_both_text}), "
+            f"p99 {outcome.p99_ratio - 1:+6.1%}: {outcome.verdict}"
         )
     print("lowest average JCT:")
     for policy, labels in wins.items():

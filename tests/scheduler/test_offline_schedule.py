@@ -76,3 +76,20 @@ def test_an_empty_trace_is_refused() -> None:
     cluster = one_gpu()
     with pytest.raises(ValueError, match="no jobs"):
         best_found_schedule([], cluster, PlannedRates.for_cluster(cluster))
+
+
+def test_under_a_p99_cap_it_trades_average_for_the_slowest_jobs() -> None:
+    # Issue 20's target has two halves; the lowest average runs the longest jobs last.
+    # Asked to keep p99 under a cap, the search gives up average for it, meets a cap it
+    # can reach, and where it cannot, returns the order nearest the cap.
+    cluster = small_mixed()
+    rates = PlannedRates.for_cluster(cluster)
+    trace = short_trace(14, seed=4)
+    free = best_found_schedule(trace, cluster, rates, tries=300)
+    nearest = best_found_schedule(trace, cluster, rates, tries=300, p99_cap_s=0.9 * free.p99_jct_s)
+    assert nearest.p99_jct_s < free.p99_jct_s
+    assert nearest.avg_jct_s > free.avg_jct_s
+    met = best_found_schedule(trace, cluster, rates, tries=300, p99_cap_s=nearest.p99_jct_s)
+    assert met.p99_jct_s <= nearest.p99_jct_s
+    horizon_s = max(free.jcts_s) + max(j.arrival_s for j in trace)
+    assert met.avg_jct_s >= shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s) * 0.999
