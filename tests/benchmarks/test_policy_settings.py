@@ -1,14 +1,15 @@
 """Is a trace where ``goodput`` misses the target a tuning gap, or the bound's slack?
 
-tests/benchmarks/test_policy_robustness.py finds traces where ``goodput``'s average JCT
-is less than 15 % below ``fair``'s although the shared-capacity bound allows more. Here,
-on three of them (two at a light load, one at a heavy one), ``goodput`` is replayed with
-each of its settings moved well away from its default, and once with restarts free (the
-bound charges none: it shares devices between jobs in every time slot without moving
-them). Printed per trace: the gain on ``fair``'s average JCT and the p99 against
-``fair``'s, for each variant. Asserted: every job finishes and no replay beats the bound.
+tests/benchmarks/test_policy_robustness.py finds traces where ``goodput`` misses issue 20's
+target (15 % below ``fair``'s average JCT, p99 not worse) although the shared-capacity
+bound and a schedule found allow it. Here, on those three (one at a light load, two at a
+heavy one), ``goodput`` is replayed with each of its settings moved well away from its
+default, and once with restarts free (the bound charges none: it shares devices between
+jobs in every time slot without moving them). Printed per trace: the gain on ``fair``'s
+average JCT and the p99 against ``fair``'s, for each variant. Asserted: every job
+finishes and no replay beats the bound.
 
-Run on purpose (about two minutes on a 2-core machine):
+Run on purpose (about five minutes on a 2-core machine):
 
     .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_policy_settings.py
 """
@@ -24,10 +25,12 @@ from scheduler.clustersim.simulator import SimSettings, simulate
 from tests.benchmarks.test_policy_robustness import Case, generated, label
 
 CASES: list[Case] = [
-    ("university-lab", 4.0, "large", 2),
     ("cloud-mix", 4.0, "large", 3),
     ("sia-64", 16.0, "large", 2),
+    ("gavel-48", 16.0, "small", 3),
 ]
+"""The robustness benchmark's misses (its summary lists them; the set moves when the speed
+model does)."""
 VARIANTS: dict[str, dict[str, float]] = {
     "default": {},
     "no fairness floor": {"fairness_floor": 0.0},
