@@ -38,7 +38,12 @@ from api.commands.common import add_cluster_argument, add_command, check_output,
 from api.commands.plan import format_table
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
-from scheduler.clustersim.offline import best_found_schedule
+from scheduler.clustersim.offline import (
+    best_found_keeping_p99,
+    best_found_schedule,
+    keeps_p99,
+    within_p99,
+)
 from scheduler.clustersim.simulator import (
     SimResult,
     SimSettings,
@@ -52,8 +57,6 @@ from scheduler.hardware.cluster import Cluster, load_cluster
 from scheduler.policy.rates import PlannedRates
 from scheduler.policy.types import DEFAULT_POLICY, POLICIES, PolicyName
 
-P99_TOLERANCE = 0.001
-"""A p99 within this share of ``fair``'s counts as no worse (the replays' rounding)."""
 DEFAULTS = SimSettings()
 DEFAULT_RATE = 6.0
 """``--generate``'s mean arrivals per hour."""
@@ -221,8 +224,10 @@ def _bounds(
         "best_found_p99_jct_s": found.p99_jct_s,
     }
     fair = next((r for r in results if r.policy == "fair"), None)
-    if fair is not None and found.p99_jct_s > fair.p99_jct_s * (1 + P99_TOLERANCE):
-        capped = best_found_schedule(trace, cluster, rates, p99_cap_s=fair.p99_jct_s)
+    if fair is not None and not keeps_p99(found, fair.p99_jct_s):
+        capped = best_found_keeping_p99(
+            trace, cluster, rates, found=found, p99_cap_s=fair.p99_jct_s
+        )
         out["p99_capped_cap_s"] = fair.p99_jct_s
         out["p99_capped_avg_jct_s"] = capped.avg_jct_s
         out["p99_capped_p99_jct_s"] = capped.p99_jct_s
@@ -289,7 +294,7 @@ def report(
 
 
 def _meets_cap(bounds: dict[str, float]) -> bool:
-    return bounds["p99_capped_p99_jct_s"] <= bounds["p99_capped_cap_s"] * (1 + P99_TOLERANCE)
+    return within_p99(bounds["p99_capped_p99_jct_s"], bounds["p99_capped_cap_s"])
 
 
 def _hours(seconds: float) -> str:

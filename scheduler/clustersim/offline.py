@@ -48,6 +48,8 @@ from scheduler.policy.rates import Config, PlannedRates, job_rate
 
 DEFAULT_TRIES = 2000
 """Orders tried by :func:`best_found_schedule` after its two starting orders."""
+P99_TOLERANCE = 0.001
+"""A p99 within this share of a cap counts as at the cap (replays' rounding)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +118,31 @@ def best_found_schedule(
         if scored <= best:
             best_order, best = order, scored
     return OfflineSchedule(jcts_s=tuple(replay.jcts(best_order)), tries=tries + len(starts))
+
+
+def best_found_keeping_p99(
+    trace: Sequence[TraceJob],
+    cluster: Cluster,
+    rates: PlannedRates,
+    *,
+    found: OfflineSchedule,
+    p99_cap_s: float,
+) -> OfflineSchedule:
+    """The best schedule found whose p99 JCT is at most ``p99_cap_s``: ``found`` (the
+    unconstrained search's) where it already is, else a search under the cap, whose
+    result :func:`keeps_p99` tells whether it got there."""
+    if keeps_p99(found, p99_cap_s):
+        return found
+    return best_found_schedule(trace, cluster, rates, p99_cap_s=p99_cap_s)
+
+
+def keeps_p99(schedule: OfflineSchedule, p99_cap_s: float) -> bool:
+    return within_p99(schedule.p99_jct_s, p99_cap_s)
+
+
+def within_p99(p99_s: float, p99_cap_s: float) -> bool:
+    """``p99_s`` is no worse than ``p99_cap_s`` (within :data:`P99_TOLERANCE`)."""
+    return p99_s <= p99_cap_s * (1 + P99_TOLERANCE)
 
 
 class _ListSchedule:

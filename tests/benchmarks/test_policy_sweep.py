@@ -46,7 +46,13 @@ import pytest
 
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TraceFormat, load_any
-from scheduler.clustersim.offline import OfflineSchedule, best_found_schedule
+from scheduler.clustersim.offline import (
+    OfflineSchedule,
+    best_found_keeping_p99,
+    best_found_schedule,
+    keeps_p99,
+    within_p99,
+)
 from scheduler.clustersim.simulator import SimResult, simulate
 from scheduler.clustersim.trace import LARGE_REQUEST_MIX, TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -107,20 +113,14 @@ TARGET = 0.15
 """Issue 20: the default policy's average JCT at least this far below ``fair``'s."""
 
 
-P99_SLACK = 1.001
-"""A p99 within 0.1 % of ``fair``'s counts as not worse (replays' rounding)."""
-
-
 def found_schedules(
     trace: list[TraceJob], cluster: Cluster, rates: PlannedRates, fair: SimResult
 ) -> tuple[OfflineSchedule, OfflineSchedule]:
     """The best schedule found knowing the trace, and the best found whose p99 JCT is no
-    worse than ``fair``'s (the same one where it already is; otherwise a search under
-    that cap, whose result may still be over it where no order found meets it)."""
+    worse than ``fair``'s (the same one where it already is)."""
     found = best_found_schedule(trace, cluster, rates)
-    if found.p99_jct_s <= fair.p99_jct_s * P99_SLACK:
-        return found, found
-    return found, best_found_schedule(trace, cluster, rates, p99_cap_s=fair.p99_jct_s)
+    both = best_found_keeping_p99(trace, cluster, rates, found=found, p99_cap_s=fair.p99_jct_s)
+    return found, both
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +149,13 @@ class Outcome:
     ) -> Outcome:
         """The default policy's replay against ``fair``'s, the bound and the schedules found
         (:func:`found_schedules`)."""
-        meets_p99 = both.p99_jct_s <= fair.p99_jct_s * P99_SLACK
         return cls(
             gain=1 - default.avg_jct_s / fair.avg_jct_s,
             reachable=1 - bound_s / fair.avg_jct_s,
             found=1 - found.avg_jct_s / fair.avg_jct_s,
-            found_both=1 - both.avg_jct_s / fair.avg_jct_s if meets_p99 else None,
+            found_both=(
+                1 - both.avg_jct_s / fair.avg_jct_s if keeps_p99(both, fair.p99_jct_s) else None
+            ),
             p99_ratio=default.p99_jct_s / fair.p99_jct_s,
             makespan_ratio=default.makespan_s / fair.makespan_s,
         )
@@ -168,7 +169,7 @@ class Outcome:
         """``beyond found``: no schedule the search found meets both halves of the target
         (the one with the lowest average often fails the p99 half: it runs the longest jobs
         last), so an online policy is not expected to either."""
-        if self.gain >= TARGET and self.p99_ratio <= P99_SLACK:
+        if self.gain >= TARGET and within_p99(self.p99_ratio, 1.0):
             return "meets"
         if self.reachable < TARGET:
             return "out of reach"
