@@ -41,7 +41,6 @@ from scheduler.clustersim.imports import TRACE_FORMATS, load_any
 from scheduler.clustersim.offline import (
     best_found_keeping_p99,
     best_found_schedule,
-    keeps_p99,
     within_p99,
 )
 from scheduler.clustersim.simulator import (
@@ -224,10 +223,10 @@ def _bounds(
         "best_found_p99_jct_s": found.p99_jct_s,
     }
     fair = next((r for r in results if r.policy == "fair"), None)
-    if fair is not None and not keeps_p99(found, fair.p99_jct_s):
-        capped = best_found_keeping_p99(
-            trace, cluster, rates, found=found, p99_cap_s=fair.p99_jct_s
-        )
+    if fair is None:
+        return out
+    capped = best_found_keeping_p99(trace, cluster, rates, found=found, p99_cap_s=fair.p99_jct_s)
+    if capped is not found:
         out["p99_capped_cap_s"] = fair.p99_jct_s
         out["p99_capped_avg_jct_s"] = capped.avg_jct_s
         out["p99_capped_p99_jct_s"] = capped.p99_jct_s

@@ -47,7 +47,7 @@ from scheduler.policy.configs import ClusterClasses
 from scheduler.policy.rates import Config, PlannedRates, job_rate
 
 DEFAULT_TRIES = 2000
-"""Orders tried by :func:`best_found_schedule` after its two starting orders."""
+"""Orders tried by :func:`best_found_schedule` after its starting orders."""
 P99_TOLERANCE = 0.001
 """A p99 within this share of a cap counts as at the cap (replays' rounding)."""
 
@@ -130,14 +130,10 @@ def best_found_keeping_p99(
 ) -> OfflineSchedule:
     """The best schedule found whose p99 JCT is at most ``p99_cap_s``: ``found`` (the
     unconstrained search's) where it already is, else a search under the cap, whose
-    result :func:`keeps_p99` tells whether it got there."""
-    if keeps_p99(found, p99_cap_s):
+    result :func:`within_p99` tells whether it got there."""
+    if within_p99(found.p99_jct_s, p99_cap_s):
         return found
     return best_found_schedule(trace, cluster, rates, p99_cap_s=p99_cap_s)
-
-
-def keeps_p99(schedule: OfflineSchedule, p99_cap_s: float) -> bool:
-    return within_p99(schedule.p99_jct_s, p99_cap_s)
 
 
 def within_p99(p99_s: float, p99_cap_s: float) -> bool:

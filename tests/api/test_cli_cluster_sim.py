@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from scheduler.clustersim.trace import load_trace
+from scheduler.clustersim.trace import load_trace, trace_to_csv
 from tests.api.conftest import run_cli
+from tests.scheduler.test_clustersim import short_trace
 
 CLUSTER = """
 name: tiny-mix
@@ -271,9 +272,6 @@ def test_bound_also_answers_whether_the_tail_must_pay_for_the_average(
 ) -> None:
     # On this trace the lowest average the search finds leaves a long job for last, p99
     # above fair's; the user also gets the best schedule found that keeps fair's p99.
-    from scheduler.clustersim.trace import trace_to_csv
-    from tests.scheduler.test_clustersim import short_trace
-
     spec = tmp_path / "small-mixed.yaml"
     spec.write_text(
         "name: small-mixed\nnodes:\n"

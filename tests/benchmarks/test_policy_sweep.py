@@ -50,7 +50,6 @@ from scheduler.clustersim.offline import (
     OfflineSchedule,
     best_found_keeping_p99,
     best_found_schedule,
-    keeps_p99,
     within_p99,
 )
 from scheduler.clustersim.simulator import SimResult, simulate
@@ -154,7 +153,9 @@ class Outcome:
             reachable=1 - bound_s / fair.avg_jct_s,
             found=1 - found.avg_jct_s / fair.avg_jct_s,
             found_both=(
-                1 - both.avg_jct_s / fair.avg_jct_s if keeps_p99(both, fair.p99_jct_s) else None
+                1 - both.avg_jct_s / fair.avg_jct_s
+                if within_p99(both.p99_jct_s, fair.p99_jct_s)
+                else None
             ),
             p99_ratio=default.p99_jct_s / fair.p99_jct_s,
             makespan_ratio=default.makespan_s / fair.makespan_s,

@@ -28,6 +28,8 @@ Published ratios (and where they come from):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.cost.precision import rates_at
@@ -44,7 +46,7 @@ from scheduler.cost.roofline import (
 )
 from scheduler.hardware.catalogue import CATALOGUE, lookup
 from scheduler.hardware.cluster import parse_cluster
-from scheduler.models.presets import ModelPreset
+from scheduler.models.presets import ModelPreset, get_preset
 
 GPT_2_7B = ModelPreset(
     name="gpt-neo-2.7b",
@@ -240,17 +242,7 @@ def test_flash_attention_costs_hopper_more_of_its_speed_as_sequences_grow() -> N
     # sequence, whose attention is a larger share of the layer, narrows the H100's lead;
     # between two Ampere cards the ratio barely moves.
     def layer_speed(gpu: str, seq_len: int) -> float:
-        m = ModelPreset(
-            name="llama-13b-layer",
-            family="llama",
-            num_layers=1,
-            d_model=5120,
-            num_heads=40,
-            d_ff=13824,
-            vocab_size=32000,
-            seq_len=seq_len,
-            attention="flash",
-        )
+        m = replace(get_preset("llama-13b"), seq_len=seq_len, attention="flash")
         return 1 / block_time(m, Rates.of(lookup(gpu))).per_sample_s
 
     def lead(fast: str, slow: str, seq_len: int) -> float:
