@@ -120,7 +120,10 @@ def choose(plans: dict[str, Plan]) -> Plan:
 def plan_auto(profile: Profile, global_batch: int) -> Plan:
     plans, failed = plan_candidates(profile, global_batch)
     if not plans:
-        reasons = "; ".join(f"{name}: {why}" for name, why in failed.items())
+        # A planner's own message may already name it ("fsdp: model states ...").
+        reasons = "; ".join(
+            f"{name}: {why.removeprefix(f'{name}: ')}" for name, why in failed.items()
+        )
         raise PlanError(f"no strategy fits ({reasons})")
     winner = choose(plans)
     considered = [_summary(p) for p in plans.values()]

@@ -400,6 +400,14 @@ def test_llama_13b_on_mixed_lab_does_not_fit_in_fp32_states_and_says_by_how_much
     assert "208.3 GB" in str(info.value) and "left in all" in str(info.value)
 
 
+def test_auto_names_each_strategy_once_when_none_fits() -> None:
+    with pytest.raises(PlanError) as info:
+        make_plan(analytic_profile(load_cluster(MIXED_LAB), get_preset("llama-13b")), 64, "auto")
+    message = str(info.value)
+    assert message.startswith("no strategy fits (dp: ")
+    assert "fsdp: model states 208.3 GB" in message and "fsdp: fsdp" not in message
+
+
 def two_a100s_four_l4s() -> Profile:
     cluster = parse_cluster(
         {
