@@ -107,9 +107,11 @@ def test_bound_says_what_no_policy_beats_and_every_policy_is_above_it(
     assert bound["avg_jct_s"] == bound["shared_avg_jct_s"] >= bound["alone_avg_jct_s"] > 0
     for p in doc["policies"]:
         assert p["avg_jct_s"] >= bound["avg_jct_s"], p["policy"]
-    # A schedule that knows the trace (and restarts for free) is between the two.
-    found = doc["best_found"]
-    assert bound["avg_jct_s"] * 0.999 <= found["avg_jct_s"]
+    # A schedule that knows the trace and pays for its restarts as the replays do is
+    # between the two; with restarts free it does better, still not below the bound.
+    found, free = doc["best_found"], doc["best_found_restarts_free"]
+    assert found["reallocation_s"] == 60
+    assert bound["avg_jct_s"] * 0.999 <= free["avg_jct_s"] < found["avg_jct_s"]
     assert found["avg_jct_s"] <= min(p["avg_jct_s"] for p in doc["policies"])
     code, out, err = _simulate(capsys, files, "--bound", "--policy", "goodput")
     assert code == 0
@@ -280,7 +282,7 @@ def test_bound_also_answers_whether_the_tail_must_pay_for_the_average(
         "  - {name: r, devices: [{type: RTX2080TI-11GB, count: 4}]}\n"
     )
     csv = tmp_path / "t.csv"
-    csv.write_text(trace_to_csv(short_trace(10, seed=17)))
+    csv.write_text(trace_to_csv(short_trace(10, seed=18)))
     args = ("cluster-sim", "--cluster", str(spec), "--trace", str(csv), "--bound")
     code, out, _ = run_cli(capsys, *args, "--json")
     assert code == 0

@@ -30,6 +30,28 @@ def test_on_one_gpu_it_finds_shortest_remaining_first() -> None:
     assert found.jcts_s[2] == pytest.approx(0.1 * p, rel=1e-6)  # trace order
 
 
+def test_charged_for_restarts_it_stops_preempting_where_the_restart_costs_more() -> None:
+    # One GPU: a long job a, and a short job b (a tenth of a's work) arriving 60 s in.
+    # Restarts free, b preempts a (a resumes for nothing). If a restart costs as long as a
+    # whole run of a, preempting costs a that much; the search then lets a finish first.
+    cluster = one_gpu()
+    rates = PlannedRates.for_cluster(cluster)
+    p = alone_avg_jct_s([job("a")], cluster, rates)
+    trace = [job("a"), job("b", arrival_s=60.0, steps=40)]
+    free = best_found_schedule(trace, cluster, rates, tries=50)
+    assert free.jcts_s == pytest.approx((1.1 * p, 0.1 * p), rel=1e-6)
+    # Its starting order (shortest first) still preempts, and now pays for it:
+    preempting = best_found_schedule(trace, cluster, rates, tries=0, reallocation_s=p)
+    assert preempting.jcts_s == pytest.approx((2.1 * p, 0.1 * p), rel=1e-6)
+    charged = best_found_schedule(trace, cluster, rates, tries=50, reallocation_s=p)
+    assert charged.jcts_s == pytest.approx((p, 1.1 * p - 60.0), rel=1e-6)
+    # A job's own restart time, from the trace, is what it pays.
+    own = [replace(trace[0], restart_s=p), trace[1]]
+    assert best_found_schedule(own, cluster, rates, tries=50, reallocation_s=0.0).jcts_s == (
+        pytest.approx(charged.jcts_s, rel=1e-6)
+    )
+
+
 def test_one_gpu_jobs_share_a_node_so_a_two_gpu_job_gets_one_to_itself() -> None:
     # Two nodes of two V100s; two short one-GPU jobs, which go first, and a long two-GPU
     # job, all at once. Packed onto one node, the one-GPU jobs leave the other node whole
