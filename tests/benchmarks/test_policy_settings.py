@@ -2,10 +2,10 @@
 
 tests/benchmarks/test_policy_robustness.py finds traces where ``goodput`` misses issue 20's
 target (15 % below ``fair``'s average JCT, p99 not worse) although the shared-capacity
-bound and a schedule found allow it. Here, on those three (one at a light load, two at a
-heavy one), ``goodput`` is replayed with each of its settings moved well away from its
-default, and once with restarts free (the bound charges none: it shares devices between
-jobs in every time slot without moving them). Printed per trace: the gain on ``fair``'s
+bound allows it. Here, on three (one at a light load, two at a heavy one), ``goodput`` is
+replayed with each of its settings moved well away from its default, and once with
+restarts free (the bound charges none: it shares devices between jobs in every time slot
+without moving them). Printed per trace: the gain on ``fair``'s
 average JCT and the p99 against ``fair``'s, for each variant. Asserted: every job
 finishes and no replay beats the bound.
 
@@ -29,8 +29,9 @@ CASES: list[Case] = [
     ("sia-64", 16.0, "large", 2),
     ("gavel-48", 16.0, "small", 3),
 ]
-"""The robustness benchmark's misses (its summary lists them; the set moves when the speed
-model does)."""
+"""The robustness benchmark's miss (the Gavel cluster) and the two traces that were misses
+while the schedule found paid nothing for restarts; now beyond every schedule found that
+pays for them (its summary lists each verdict; they move when the speed model does)."""
 VARIANTS: dict[str, dict[str, float]] = {
     "default": {},
     "no fairness floor": {"fairness_floor": 0.0},
