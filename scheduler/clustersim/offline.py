@@ -30,9 +30,9 @@ restarts cost the schedule found 0.1 to 9.1 points of its lead over ``fair``, me
 A job that keeps its configuration is taken to keep its devices, so the charge is a
 slight under-count; but the list schedule allocates from scratch at every arrival and
 completion, so charged it may move jobs more often than a schedule must (on 3 of those
-58 traces ``goodput`` itself does better). Keeping a job's allocation unless a move saves
-more than its restart moved the figure by 0.0 to 0.4 points on three of them, so the
-search does not.
+58 traces ``goodput`` itself does better). A variant that keeps a job's allocation unless
+a move saves more than its restart moved the figure by 0.0 to 0.4 points on the three
+traces nearest the target that were tried, so the replay does not do that.
 
 Issue 20's target has two halves, a lower average JCT and a p99 no worse than ``fair``'s,
 and the order with the lowest average often fails the second: it runs the longest jobs

@@ -10,7 +10,8 @@ V100), at a light and a heavy load, both job-size mixes, on seeds the sweep does
 Printed per trace: ``goodput``'s average JCT against ``fair``'s, the most any policy could
 gain on ``fair``'s average (the shared-capacity bound of :mod:`scheduler.clustersim.bound`),
 what the best schedule found knowing the trace gains (:mod:`scheduler.clustersim.offline`,
-restarts free) and what the best found whose p99 is no worse than ``fair``'s gains,
+paying for restarts as the replays do, and with restarts free) and what the best found
+paying for them whose p99 is no worse than ``fair``'s gains,
 ``goodput``'s p99 JCT and makespan against ``fair``'s. Then a summary: on how many traces
 issue 20's target (at least 15 % below ``fair`` on average JCT, p99 not worse) is met, out
 of any policy's reach (the bound), beyond every schedule found (none found meets both

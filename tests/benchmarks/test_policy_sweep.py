@@ -21,12 +21,13 @@ fast GPUs are few it is the much higher one). No policy that chooses among those
 allocations does better than the second, so where it is less than 15 % below ``fair``'s
 figure the target cannot be met on that trace by any policy, and the summary says so.
 Above them, the best schedule :mod:`scheduler.clustersim.offline` finds knowing the
-whole trace in advance, restarts free: the best possible average lies between it and the
-bound, and where even it is less than 15 % below ``fair``'s, an online policy is not
-expected to get there either (the summary says so: the search is not exhaustive). That
-schedule often fails the target's other half (it runs the longest jobs last), so the
-search runs again under a p99 cap at ``fair``'s: a trace is a miss of the policy only
-where some schedule found meets both halves.
+whole trace in advance, paying for its restarts as the replays do (a policy cannot avoid
+them; the one found with restarts free is printed beside it): the best possible average
+lies between it and the bound, and where even it is less than 15 % below ``fair``'s, an
+online policy is not expected to get there either (the summary says so: the search is
+not exhaustive). That schedule often fails the target's other half (it runs the longest
+jobs last), so the search runs again under a p99 cap at ``fair``'s: a trace is a miss of
+the policy only where some schedule found meets both halves.
 Asserted: every job finishes under every policy, none beats either bound, the schedule
 found does not either, and ``goodput`` never has a higher average JCT than ``fifo``.
 Decision time at 2,000 GPUs × 200 jobs is
