@@ -39,11 +39,7 @@ from api.commands.common import add_cluster_argument, add_command, check_output,
 from api.commands.plan import format_table
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TRACE_FORMATS, load_any
-from scheduler.clustersim.offline import (
-    best_found_keeping_p99,
-    best_found_schedule,
-    within_p99,
-)
+from scheduler.clustersim.offline import best_found_schedules, within_p99
 from scheduler.clustersim.simulator import (
     SimResult,
     SimSettings,
@@ -222,30 +218,27 @@ def _bounds(
     leaves the longest jobs for last, and a user asking whether the tail must suffer for
     the average gets both."""
     horizon_s = max(r.makespan_s for r in results) + min(j.arrival_s for j in trace)
-    free = best_found_schedule(trace, cluster, rates)
-    pays = reallocation_s > 0 or any(j.restart_s for j in trace)
-    found = (
-        best_found_schedule(trace, cluster, rates, reallocation_s=reallocation_s) if pays else free
+    fair = next((r for r in results if r.policy == "fair"), None)
+    found = best_found_schedules(
+        trace,
+        cluster,
+        rates,
+        reallocation_s=reallocation_s,
+        p99_cap_s=None if fair is None else fair.p99_jct_s,
     )
     out = {
         "alone_avg_jct_s": alone_avg_jct_s(trace, cluster, rates),
         "shared_avg_jct_s": shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s),
-        "best_found_avg_jct_s": found.avg_jct_s,
-        "best_found_p99_jct_s": found.p99_jct_s,
+        "best_found_avg_jct_s": found.charged.avg_jct_s,
+        "best_found_p99_jct_s": found.charged.p99_jct_s,
         "reallocation_s": reallocation_s,
-        "free_avg_jct_s": free.avg_jct_s,
-        "free_p99_jct_s": free.p99_jct_s,
+        "free_avg_jct_s": found.free.avg_jct_s,
+        "free_p99_jct_s": found.free.p99_jct_s,
     }
-    fair = next((r for r in results if r.policy == "fair"), None)
-    if fair is None:
-        return out
-    capped = best_found_keeping_p99(
-        trace, cluster, rates, found=found, p99_cap_s=fair.p99_jct_s, reallocation_s=reallocation_s
-    )
-    if capped is not found:
+    if fair is not None and found.capped is not found.charged:
         out["p99_capped_cap_s"] = fair.p99_jct_s
-        out["p99_capped_avg_jct_s"] = capped.avg_jct_s
-        out["p99_capped_p99_jct_s"] = capped.p99_jct_s
+        out["p99_capped_avg_jct_s"] = found.capped.avg_jct_s
+        out["p99_capped_p99_jct_s"] = found.capped.p99_jct_s
     return out
 
 

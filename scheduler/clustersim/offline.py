@@ -158,6 +158,50 @@ def best_found_keeping_p99(
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FoundSchedules:
+    """The best schedules found knowing a trace (:func:`best_found_schedules`)."""
+
+    free: OfflineSchedule
+    """Restarts free (the bound's model)."""
+    charged: OfflineSchedule
+    """Paying for restarts as the replays do: what an online policy is judged against."""
+    capped: OfflineSchedule
+    """The best found paying for restarts whose p99 is at most the cap (check it with
+    :func:`within_p99`); ``charged`` itself where it already is, or where there is no cap."""
+
+
+def best_found_schedules(
+    trace: Sequence[TraceJob],
+    cluster: Cluster,
+    rates: PlannedRates,
+    *,
+    reallocation_s: float,
+    p99_cap_s: float | None = None,
+) -> FoundSchedules:
+    """The schedules a policy's figures are read against: with restarts free, paying for
+    them (``reallocation_s``, or a job's own ``restart_s``), and that one under a p99 cap.
+    Where no restart costs anything, the second search is the first."""
+    free = best_found_schedule(trace, cluster, rates)
+    pays = reallocation_s > 0 or any(j.restart_s for j in trace)
+    charged = (
+        best_found_schedule(trace, cluster, rates, reallocation_s=reallocation_s) if pays else free
+    )
+    capped = (
+        charged
+        if p99_cap_s is None
+        else best_found_keeping_p99(
+            trace,
+            cluster,
+            rates,
+            found=charged,
+            p99_cap_s=p99_cap_s,
+            reallocation_s=reallocation_s,
+        )
+    )
+    return FoundSchedules(free=free, charged=charged, capped=capped)
+
+
 def within_p99(p99_s: float, p99_cap_s: float) -> bool:
     """``p99_s`` is no worse than ``p99_cap_s`` (within :data:`P99_TOLERANCE`)."""
     return p99_s <= p99_cap_s * (1 + P99_TOLERANCE)

@@ -104,7 +104,7 @@ def test_default_policy_against_fair_on(case: Case) -> None:
         assert len(result.jobs) == len(trace)
         assert result.avg_jct_s >= bound_s * 0.999
     found = found_schedules(trace, cluster, rates, fair)
-    assert min(s.avg_jct_s for s in (found.free, found.charged, found.both)) >= bound_s * 0.999
+    assert min(s.avg_jct_s for s in (found.free, found.charged, found.capped)) >= bound_s * 0.999
     outcome = Outcome.of(default, fair, bound_s=bound_s, found=found)
     OUTCOMES[label(case)] = outcome
     print(

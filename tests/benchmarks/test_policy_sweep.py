@@ -47,12 +47,7 @@ import pytest
 
 from scheduler.clustersim.bound import alone_avg_jct_s, shared_avg_jct_s
 from scheduler.clustersim.imports import TraceFormat, load_any
-from scheduler.clustersim.offline import (
-    OfflineSchedule,
-    best_found_keeping_p99,
-    best_found_schedule,
-    within_p99,
-)
+from scheduler.clustersim.offline import FoundSchedules, best_found_schedules, within_p99
 from scheduler.clustersim.simulator import SimResult, SimSettings, simulate
 from scheduler.clustersim.trace import LARGE_REQUEST_MIX, TraceJob, generate_trace
 from scheduler.hardware.cluster import Cluster, load_cluster
@@ -118,34 +113,13 @@ REALLOCATION_S = SimSettings().reallocation_s
 the schedules found pay it too (:mod:`scheduler.clustersim.offline`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """The best schedules found knowing the trace."""
-
-    free: OfflineSchedule
-    """Restarts free (the bound's model)."""
-    charged: OfflineSchedule
-    """Paying for restarts as the replays do: what an online policy is judged against."""
-    both: OfflineSchedule
-    """The best found paying for restarts whose p99 JCT is no worse than ``fair``'s (the
-    same as ``charged`` where it already is)."""
-
-
 def found_schedules(
     trace: list[TraceJob], cluster: Cluster, rates: PlannedRates, fair: SimResult
-) -> Found:
-    """The best schedules found knowing the trace (:class:`Found`)."""
-    free = best_found_schedule(trace, cluster, rates)
-    charged = best_found_schedule(trace, cluster, rates, reallocation_s=REALLOCATION_S)
-    both = best_found_keeping_p99(
-        trace,
-        cluster,
-        rates,
-        found=charged,
-        p99_cap_s=fair.p99_jct_s,
-        reallocation_s=REALLOCATION_S,
+) -> FoundSchedules:
+    """The best schedules found knowing the trace, the capped one under ``fair``'s p99."""
+    return best_found_schedules(
+        trace, cluster, rates, reallocation_s=REALLOCATION_S, p99_cap_s=fair.p99_jct_s
     )
-    return Found(free=free, charged=charged, both=both)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +146,7 @@ class Outcome:
         fair: SimResult,
         *,
         bound_s: float,
-        found: Found,
+        found: FoundSchedules,
     ) -> Outcome:
         """The default policy's replay against ``fair``'s, the bound and the schedules found
         (:func:`found_schedules`)."""
@@ -182,8 +156,8 @@ class Outcome:
             found_free=1 - found.free.avg_jct_s / fair.avg_jct_s,
             found=1 - found.charged.avg_jct_s / fair.avg_jct_s,
             found_both=(
-                1 - found.both.avg_jct_s / fair.avg_jct_s
-                if within_p99(found.both.p99_jct_s, fair.p99_jct_s)
+                1 - found.capped.avg_jct_s / fair.avg_jct_s
+                if within_p99(found.capped.p99_jct_s, fair.p99_jct_s)
                 else None
             ),
             p99_ratio=default.p99_jct_s / fair.p99_jct_s,
@@ -212,7 +186,7 @@ class Outcome:
 RESULTS: dict[str, dict[str, SimResult]] = {}
 BOUND_S: dict[str, float] = {}
 """Per trace, the shared-capacity lower bound on average JCT (never below the other)."""
-FOUND: dict[str, Found] = {}
+FOUND: dict[str, FoundSchedules] = {}
 """Per trace, the best clairvoyant schedules found (:func:`found_schedules`)."""
 
 
@@ -238,7 +212,7 @@ def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> 
     shared = shared_avg_jct_s(trace, cluster, rates, horizon_s=horizon_s)
     BOUND_S[label] = shared
     found = found_schedules(trace, cluster, rates, results["fair"])
-    assert min(s.avg_jct_s for s in (found.free, found.charged, found.both)) >= shared * 0.999
+    assert min(s.avg_jct_s for s in (found.free, found.charged, found.capped)) >= shared * 0.999
     FOUND[label] = found
     print(
         f"\n{label:34s} bounds   avg {_h(alone)} h each job alone on its best allocation, "
@@ -248,9 +222,9 @@ def test_policies_on(case: tuple[str, Path, TraceFormat | None, float, str]) -> 
         (found.free, "the best schedule found knowing the trace, restarts free"),
         (found.charged, "the same paying for restarts as the replays do"),
     ]
-    if found.both is not found.charged:
+    if found.capped is not found.charged:
         schedules.append(
-            (found.both, "the best found paying for restarts with p99 no worse than fair's")
+            (found.capped, "the best found paying for restarts with p99 no worse than fair's")
         )
     for schedule, what in schedules:
         print(
