@@ -220,6 +220,12 @@ def check_runnable(
     for job in trace:
         rate = job_rate(rates, model=job.model, global_batch=job.global_batch)
         allowed = [c for c in classes.ids if job.device_types is None or c.type in job.device_types]
+        if not allowed:
+            present = sorted({c.type for c in classes.ids})
+            raise SimulationError(
+                f"trace job {job.name!r}: device_types {'|'.join(job.device_types or ())}: "
+                f"{cluster.name} has none; it has {', '.join(present)}"
+            )
         fits = single_rates(classes, allowed, rate)
         usable = sum(classes.capacity(c) for c in fits)
         if not fits:

@@ -131,6 +131,29 @@ def test_a_job_that_fits_nowhere_is_an_error_naming_it() -> None:
         simulate(cluster, trace, policy="goodput")
 
 
+def test_device_types_the_cluster_lacks_name_what_it_has() -> None:
+    """A restriction to types the cluster has none of is not the model's fault: the error
+    says which types the cluster does have."""
+    cluster = parse_cluster(
+        {"name": "t4s", "nodes": [{"name": "n", "devices": [{"type": "T4-16GB"}]}]}
+    )
+    trace = [
+        TraceJob(
+            name="a100s",
+            arrival_s=0,
+            model="gpt2-small",
+            global_batch=8,
+            steps=10,
+            device_types=("A100-80GB",),
+        )
+    ]
+    with pytest.raises(
+        SimulationError,
+        match="trace job 'a100s': device_types A100-80GB: t4s has none; it has T4-16GB",
+    ):
+        simulate(cluster, trace, policy="goodput")
+
+
 def test_min_devices_above_the_cluster_is_an_error() -> None:
     trace = [
         TraceJob(
