@@ -29,6 +29,16 @@ Where the catalogue's measured GEMM rates come from, and the rule for the second
   ``torch.cuda.get_device_name`` reports; a memory variant of the same chip, clocks and
   board power, as the catalogue's own variants share rates); with several contributors, the
   median of their first runs. Parts the source lists only in its summary are left alone.
+- S. Bekman's table of maximum achievable matmul FLOPS (:data:`MAMF`; bf16, the mean of 100
+  matmuls at the best shape a search finds, one script on every part), for a part measured
+  by neither source above: **the H100 SXM's catalogue rate times the part's figure over the
+  H100 SXM's in that table**. Its figures are a maximum over shapes, above a fixed 8192² on
+  every part both measure (A100 SXM 271.2 against 230, H100 SXM 794.5 against 637.4), so
+  only its ratios are taken; they agree with the catalogue's own to 5-8 % (A100 SXM and
+  PCIe against the H100 SXM: 0.341 and 0.318 there, 0.361 and 0.345 here). Without it these
+  parts ran at their segment's 0.75 of peak, which the table puts at 0.51 of peak on the
+  MI300X (its rate 980 TFLOP/s, 1.5x the H100 SXM's, where the table has 0.84x), 0.78 on
+  the B200 and 0.84 on the GH200.
 """
 
 from __future__ import annotations
@@ -145,6 +155,29 @@ A100_PCIE_MEASURED = (
 
 TPTD = "https://github.com/zzc0721/torch-performance-test-data"
 
+MAMF = (
+    "S. Bekman, Machine Learning Engineering, compute/accelerator/README.md, 'Maximum "
+    "Achievable Matmul FLOPS comparison table', BF16: https://github.com/stas00/ml-engineering"
+)
+H100_SXM_TFLOPS = 637.4
+"""The H100 SXM5's measured fp16 8192² rate (:data:`MLI_H100`): the reference :func:`_mamf`
+scales from."""
+MAMF_H100_SXM = 794.5
+"""The H100 SXM's figure in :data:`MAMF` (torch 2.7.0+cu126)."""
+
+
+def _mamf(tflops: float) -> float:
+    """The rate the catalogue gives a part whose :data:`MAMF` figure is ``tflops`` (module
+    docstring): the H100 SXM's measured rate scaled by the table's ratio."""
+    return round(H100_SXM_TFLOPS * tflops / MAMF_H100_SXM, 1)
+
+
+def _mamf_source(row: str) -> str:
+    return (
+        f"the H100 SXM5's measured {H100_SXM_TFLOPS} TFLOP/s ({MLI_H100}) times this part's "
+        f"maximum achievable matmul FLOPS over the H100 SXM's, {row} / {MAMF_H100_SXM} ({MAMF})"
+    )
+
 
 def _tptd(runs: str) -> str:
     """The citation of a rate taken from :data:`TPTD` by the rule in the module docstring."""
@@ -169,6 +202,8 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/data-center/hgx/",
         segment="datacenter",
         architecture="blackwell",
+        measured_gemm_tflops=_mamf(1745.0),
+        measured_source=_mamf_source("NVIDIA B200 SXM 1745.0 (torch 2.7.1+cu128)"),
     ),
     (
         gh200 := GpuSpec(
@@ -185,6 +220,10 @@ _GPUS = [
             url="https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
             segment="datacenter",
             architecture="hopper",
+            measured_gemm_tflops=_mamf(828.6),
+            measured_source=_mamf_source(
+                "NVIDIA GH200 SXM 828.6 (900 W, 141 GiB HBM3e version; torch 2.6.0+cu126)"
+            ),
         )
     ),
     replace(
@@ -212,7 +251,7 @@ _GPUS = [
             # The same notebook's vector multiply reads 3,835 GB/s at 4 M floats, above the
             # 3,350 of the datasheet: its 32 MB working set stays in the 50 MB L2, so it is no
             # DRAM figure and none is taken.
-            measured_gemm_tflops=637.4,
+            measured_gemm_tflops=H100_SXM_TFLOPS,
             measured_source=MLI_H100,
         )
     ),
@@ -773,6 +812,10 @@ _GPUS = [
         url="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
         segment="datacenter",
         architecture="cdna3",
+        measured_gemm_tflops=_mamf(668.4),
+        measured_source=_mamf_source(
+            "AMD MI300X 668.4 (torch 2.5.1, ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1)"
+        ),
     ),
     GpuSpec(
         key="MI250X-128GB",
@@ -817,6 +860,10 @@ _GPUS = [
         url="https://habana.ai/wp-content/uploads/2022/05/gaudi2-whitepaper.pdf",
         segment="datacenter",
         architecture="gaudi2",
+        measured_gemm_tflops=_mamf(418.7),
+        measured_source=_mamf_source(
+            "Intel Gaudi 2 418.7 (torch 2.6.0+hpu_1.21.2, PT_HPU_LAZY_MODE=1)"
+        ),
     ),
 ]
 
