@@ -89,15 +89,22 @@ part's (and its cap may not bind). The L4 reaches 0.44 of its peak, its cap bind
 A2000 0.89 of its dense 31.9, so a small Ampere part clocked for 70 W barely throttles, and
 the bound does not bind on the A2 or A16 (their segment's share of peak is lower). Cards
 with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
-CAPPED_REFERENCE: dict[str, str] = {"ampere-ga10x": "A6000-48GB", "hopper": "H100PCIE-80GB"}
+CAPPED_REFERENCE: dict[str, str] = {
+    "ampere-ga10x": "A6000-48GB",
+    "hopper": "H100PCIE-80GB",
+    "cdna2": "MI250X-64GB",
+}
 """Per architecture, a non-GeForce card whose own measured GEMM rate
 (:attr:`~scheduler.hardware.catalogue.GpuSpec.measured_gemm_tflops`) shows its cap binding,
 where the uncapped datacenter parts reach about 0.75 of peak: the RTX A6000 reaches 95 of
 its 154.8 at 300 W (Mu Li's transformers-benchmarks), the H100 PCIe 437 of its 756 at 350 W
 (0.58; zzc0721/torch-performance-test-data #95), where the 700 W H100 SXM reaches 637 of
-the same chip's 989 (0.64). Unmeasured parts of the architecture above
-:data:`POWER_CAPPED_W` scale from it by dynamic power (:func:`dvfs_capped_tflops`): the
-400 W H100 NVL about 490, not the 626 its segment's share of peak gives."""
+the same chip's 989 (0.64); one GCD of an MI250X 118 of its 191.5 at its 280 W share of the
+module (0.62; S. Bekman's maximum achievable matmul FLOPS, the catalogue's rule for it).
+Unmeasured parts of the architecture above :data:`POWER_CAPPED_W` scale from it by dynamic
+power (:func:`dvfs_capped_tflops`): the 400 W H100 NVL about 490, not the 626 its segment's
+share of peak gives; the 300 W MI210, the same die with 104 of its 110 compute units, about
+117, not 136, so it no longer runs faster than the larger GCD."""
 BANDWIDTH_SHARE = 0.85
 """Share of datasheet bandwidth streaming kernels reach where none is measured: the
 median of the measured A100 (0.79), A6000 (0.85), V100 (0.87), RTX 3090 Ti (0.85) and

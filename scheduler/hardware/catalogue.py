@@ -38,7 +38,12 @@ Where the catalogue's measured GEMM rates come from, and the rule for the second
   PCIe against the H100 SXM: 0.341 and 0.318 there, 0.361 and 0.345 here). Without it these
   parts ran at their segment's 0.75 of peak, which the table puts at 0.51 of peak on the
   MI300X (its rate 980 TFLOP/s, 1.5x the H100 SXM's, where the table has 0.84x), 0.78 on
-  the B200 and 0.84 on the GH200.
+  the B200 and 0.84 on the GH200. A part only the README's older "v1" table measures (the
+  MI250X, one GCD) takes its ratio to that table's own H100 SXM figure.
+
+A board or module the driver shows as several devices (the K80, the A16, the MI250X) is
+listed per device, with its share of the board's figures (``gpus_per_board``): a cluster
+spec counts devices as ``nvidia-smi``, ``rocm-smi`` and Ray do.
 """
 
 from __future__ import annotations
@@ -112,6 +117,9 @@ class GpuSpec:
     measured_bandwidth_gbps: float | None = None
     """A published streaming-kernel bandwidth (``measured_source``), when there is one."""
     measured_source: str = ""
+    gpus_per_board: int = 1
+    """Devices the driver shows for one board or module (the K80's two GPUs, the A16's four,
+    the MI250X's two GCDs): the entry is one of them, as a cluster has them."""
 
     @property
     def memory_bytes(self) -> int:
@@ -164,18 +172,23 @@ H100_SXM_TFLOPS = 637.4
 scales from."""
 MAMF_H100_SXM = 794.5
 """The H100 SXM's figure in :data:`MAMF` (torch 2.7.0+cu126)."""
+MAMF_V1_H100_SXM = 792.1
+"""The H100 SXM's figure in the same README's older "v1" table (CUDA 12.1), which the
+current one has not yet replaced for every part (commit b9e29720 of stas00/ml-engineering
+lists both)."""
 
 
-def _mamf(tflops: float) -> float:
+def _mamf(tflops: float, *, h100: float = MAMF_H100_SXM) -> float:
     """The rate the catalogue gives a part whose :data:`MAMF` figure is ``tflops`` (module
-    docstring): the H100 SXM's measured rate scaled by the table's ratio."""
-    return round(H100_SXM_TFLOPS * tflops / MAMF_H100_SXM, 1)
+    docstring): the H100 SXM's measured rate scaled by the table's ratio; ``h100`` is the
+    H100 SXM's figure in the table ``tflops`` is read from."""
+    return round(H100_SXM_TFLOPS * tflops / h100, 1)
 
 
-def _mamf_source(row: str) -> str:
+def _mamf_source(row: str, *, h100: float = MAMF_H100_SXM, table: str = "") -> str:
     return (
         f"the H100 SXM5's measured {H100_SXM_TFLOPS} TFLOP/s ({MLI_H100}) times this part's "
-        f"maximum achievable matmul FLOPS over the H100 SXM's, {row} / {MAMF_H100_SXM} ({MAMF})"
+        f"maximum achievable matmul FLOPS over the H100 SXM's, {row} / {h100} ({MAMF}{table})"
     )
 
 
@@ -514,6 +527,7 @@ _GPUS = [
         url="https://www.nvidia.com/en-us/data-center/products/a16-gpu/",
         segment="datacenter",
         architecture="ampere-ga10x",
+        gpus_per_board=4,
     ),
     GpuSpec(
         key="RTX6000ADA-48GB",
@@ -798,6 +812,7 @@ _GPUS = [
         url="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-product-literature/Tesla-K80-BoardSpec-07317-001-v05.pdf",
         segment="datacenter",
         architecture="kepler",
+        gpus_per_board=2,
     ),
     GpuSpec(
         key="MI300X-192GB",
@@ -818,18 +833,28 @@ _GPUS = [
         ),
     ),
     GpuSpec(
-        key="MI250X-128GB",
-        name="AMD Instinct MI250X",
-        peak_tflops=383.0,
-        fp32_tflops=47.9,
-        memory_gb=128,
-        bandwidth_gbps=3277,
-        tdp_w=560,
-        interconnect="AMD Infinity Fabric, 8 links, 800 GB/s; PCIe 4.0 x16",
-        source="AMD Instinct MI250X datasheet (2021)",
+        key="MI250X-64GB",
+        name="AMD Instinct MI250X (one of the module's two GCDs)",
+        peak_tflops=191.5,
+        fp32_tflops=23.95,
+        memory_gb=64,
+        bandwidth_gbps=1638.4,
+        tdp_w=280,
+        interconnect="AMD Infinity Fabric, 8 links, 800 GB/s, and PCIe 4.0 x16 for the "
+        "module of two",
+        source="AMD Instinct MI250X datasheet (2021), per GCD (module: 383 fp16/bf16 matrix, "
+        "47.9 fp32 vector, 128 GB HBM2e at 3.2768 TB/s, 560 W); ROCm and PyTorch show each GCD "
+        "as its own device",
         url="https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html",
         segment="datacenter",
         architecture="cdna2",
+        gpus_per_board=2,
+        measured_gemm_tflops=_mamf(147.0, h100=MAMF_V1_H100_SXM),
+        measured_source=_mamf_source(
+            "AMD MI250X 147.0 (ROCm 6.2, one GCD)",
+            h100=MAMF_V1_H100_SXM,
+            table=", the older v1 table",
+        ),
     ),
     GpuSpec(
         key="MI210-64GB",

@@ -72,6 +72,14 @@ the H100 NVL), is refused rather than read as the nearest entry."""
 
 def _no_such_memory(name: str, entries: list[GpuSpec], memory: float) -> str:
     sold = ", ".join(f"{g.key} ({g.memory_gb:g} GB)" for g in entries)
+    for g in entries:
+        board = g.memory_gb * g.gpus_per_board
+        if g.gpus_per_board > 1 and abs(board - memory) <= NAMED_MEMORY_TOLERANCE * memory:
+            return (
+                f"GPU type {name!r}: {memory:g} GB is the whole board of {g.gpus_per_board}, "
+                f"which the driver shows as {g.gpus_per_board} devices; the catalogue lists "
+                f"each, as {g.key}: write that type with {g.gpus_per_board}x the count"
+            )
     model = _model(entries[0])
     variants = [
         g.key

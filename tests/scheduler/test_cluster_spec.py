@@ -115,6 +115,22 @@ def test_a_memory_no_entry_of_the_gpu_has_is_refused_not_rounded(written: str, s
         assert parse_cluster(ok).devices[0].type == key
 
 
+@pytest.mark.parametrize(
+    ("written", "entry", "per_board"),
+    [("MI250X-128GB", "MI250X-64GB", 2), ("K80 24GB", "K80-12GB", 2), ("A16 64GB", "A16-16GB", 4)],
+)
+def test_a_whole_boards_memory_says_the_catalogue_counts_its_devices(
+    written: str, entry: str, per_board: int
+) -> None:
+    # An MI250X module is sold as 128 GB, but ROCm, PyTorch and Ray see two 64 GB GCDs: a
+    # spec that lists modules would plan half the ranks with twice the memory each.
+    message = spec_error(spec(nodes=[{"name": "n", "devices": [{"type": written}]}]))
+    assert message.startswith(f"nodes[0].devices[0].type: GPU type {written!r}: ")
+    assert f"board of {per_board}" in message and f"as {entry}" in message
+    assert f"{per_board}x the count" in message
+    assert "\n" not in message
+
+
 def test_missing_type_names_the_field() -> None:
     message = spec_error(spec(nodes=[{"name": "n", "devices": [{"count": 2}]}]))
     assert message.startswith("nodes[0].devices[0].type: required")

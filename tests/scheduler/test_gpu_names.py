@@ -50,6 +50,7 @@ from scheduler.hardware.gpu_names import catalogue_key, parse_nvidia_smi
         ("NVIDIA GH200 144G HBM3e", 146000, "GH200-144GB"),
         ("NVIDIA GeForce RTX 5090", 32607, "RTX5090-32GB"),
         ("AMD Instinct MI210", 65520, "MI210-64GB"),
+        ("AMD Instinct MI250X", 65520, "MI250X-64GB"),  # one GCD, as ROCm shows it
         ("Intel Gaudi 2", 98304, "GAUDI2-96GB"),
     ],
 )
