@@ -206,12 +206,14 @@ _GPUS = [
         key="B200-180GB",
         name="NVIDIA B200 (HGX B200)",
         peak_tflops=2250.0,
-        fp32_tflops=None,
+        fp32_tflops=80.0,
         memory_gb=180,
         bandwidth_gbps=8000,
         tdp_w=1000,
         interconnect="NVLink 5, 1.8 TB/s; PCIe 5.0 x16",
-        source="NVIDIA HGX B200 specifications, per GPU of eight (dense = half the sparse 4.5 PF)",
+        source="NVIDIA HGX B200 specifications, per GPU of eight (dense = half the sparse 4.5 PF); "
+        "fp32 80 (vector, the HGX B200 at 1,000 W): NVIDIA's Blackwell architecture figures as "
+        "tabulated at glennklockwood.com/garden/processors/B200",
         url="https://www.nvidia.com/en-us/data-center/hgx/",
         segment="datacenter",
         architecture="blackwell",

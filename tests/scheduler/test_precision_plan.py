@@ -86,6 +86,9 @@ def test_a_cluster_check_names_the_first_device_that_cannot() -> None:
 def test_fp32_runs_at_the_datasheet_fp32_peak() -> None:
     assert peak_tflops(lookup("A100-80GB"), "fp32") == pytest.approx(19.5)
     assert peak_tflops(lookup("V100-32GB"), "fp32") == pytest.approx(15.7)
+    # The HGX page gives the B200's tensor figures only; without its fp32 vector 80 the
+    # guess of an eighth of the 16-bit peak priced fp32 jobs (the default) at 281.
+    assert peak_tflops(lookup("B200-180GB"), "fp32") == pytest.approx(80.0)
     assert peak_tflops(lookup("A100-80GB"), "bf16") == 312.0
     # a spec's tflops override of the 16-bit peak scales the fp32 one alike
     assert peak_tflops(lookup("A100-80GB"), "fp32", tensor_tflops=156.0) == pytest.approx(9.75)
