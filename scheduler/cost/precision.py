@@ -7,8 +7,9 @@ et al., "Mixed Precision Training", ICLR 2018, and Rajbhandari et al., ZeRO, SC'
 §3.1, count the 16-bit working copy in those 16 for fp16; PyTorch autocast casts
 per operation instead and keeps no second copy). What changes:
 
-- **compute**: matrix products run at the device's peak in that precision
-  (:func:`scheduler.hardware.precision.peak_tflops`); fp32 also moves every
+- **compute**: matrix products run at what the device sustains in that precision, from
+  its peak in it (:func:`scheduler.hardware.precision.peak_tflops`; fp32 products at the
+  fp32 rate of :func:`scheduler.cost.roofline.sustained_fp32_gemm_tflops`); fp32 also moves every
   element in 4 bytes where the roofline (:mod:`scheduler.cost.roofline`) counts
   2, which is the roofline at half the bandwidth;
 - **activations**: saved in 4 bytes per element in fp32, 2 under bf16/fp16
@@ -50,6 +51,7 @@ def rates_at(
         gpu,
         peak_tflops=peak_tflops(gpu, precision, tensor_tflops=tensor_tflops),
         flops_share=flops_share,
+        fp32=precision == "fp32",
     )
     element_ratio = ACTIVATION_BYTES[precision] / BYTES_16BIT
     return replace(rates, bytes_per_s=rates.bytes_per_s / element_ratio)

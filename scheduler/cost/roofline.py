@@ -21,6 +21,9 @@ from what sets them on each part (:func:`sustained_gemm_tflops`,
   scale from that card by dynamic power
   (:func:`dvfs_capped_tflops`): a 150 W A10 sustains about two thirds of what a 300 W
   A6000 of the same chip does, not the 94 TFLOP/s its segment's share of peak gives.
+- **fp32 matrix products** (fp32 training, TF32 off) run at the part's own measured fp32
+  GEMM rate, else at the fp32 share of peak its architecture's measured parts reach
+  (:func:`sustained_fp32_gemm_tflops`), not at the 16-bit rate's share.
 - **memory-bound kernels** (norms, activations, residuals, softmax, the fp32
   cross-entropy, weight reads) stream at a published measured bandwidth where
   there is one, else at :data:`BANDWIDTH_SHARE` of the datasheet's.
@@ -41,10 +44,12 @@ tests/benchmarks/test_speed_fidelity.py (data in tests/benchmarks/data/).
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from dataclasses import dataclass
 
-from scheduler.hardware.catalogue import GpuSpec, Segment, lookup
+from scheduler.hardware.catalogue import CATALOGUE, GpuSpec, Segment, lookup
 from scheduler.models.activations import Recompute
 from scheduler.models.presets import ModelPreset
 
@@ -89,22 +94,15 @@ part's (and its cap may not bind). The L4 reaches 0.44 of its peak, its cap bind
 A2000 0.89 of its dense 31.9, so a small Ampere part clocked for 70 W barely throttles, and
 the bound does not bind on the A2 or A16 (their segment's share of peak is lower). Cards
 with their own measurement (:attr:`GpuSpec.measured_gemm_tflops`) do not use it."""
-CAPPED_REFERENCE: dict[str, str] = {
-    "ampere-ga10x": "A6000-48GB",
-    "hopper": "H100PCIE-80GB",
-    "cdna2": "MI250X-64GB",
-}
+CAPPED_REFERENCE: dict[str, str] = {"ampere-ga10x": "A6000-48GB", "hopper": "H100PCIE-80GB"}
 """Per architecture, a non-GeForce card whose own measured GEMM rate
 (:attr:`~scheduler.hardware.catalogue.GpuSpec.measured_gemm_tflops`) shows its cap binding,
 where the uncapped datacenter parts reach about 0.75 of peak: the RTX A6000 reaches 95 of
 its 154.8 at 300 W (Mu Li's transformers-benchmarks), the H100 PCIe 437 of its 756 at 350 W
 (0.58; zzc0721/torch-performance-test-data #95), where the 700 W H100 SXM reaches 637 of
-the same chip's 989 (0.64); one GCD of an MI250X 118 of its 191.5 at its 280 W share of the
-module (0.62; S. Bekman's maximum achievable matmul FLOPS, the catalogue's rule for it).
-Unmeasured parts of the architecture above :data:`POWER_CAPPED_W` scale from it by dynamic
-power (:func:`dvfs_capped_tflops`): the 400 W H100 NVL about 490, not the 626 its segment's
-share of peak gives; the 300 W MI210, the same die with 104 of its 110 compute units, about
-117, not 136, so it no longer runs faster than the larger GCD."""
+the same chip's 989 (0.64). Unmeasured parts of the architecture above
+:data:`POWER_CAPPED_W` scale from it by dynamic power (:func:`dvfs_capped_tflops`): the
+400 W H100 NVL about 490, not the 626 its segment's share of peak gives."""
 BANDWIDTH_SHARE = 0.85
 """Share of datasheet bandwidth streaming kernels reach where none is measured: the
 median of the measured A100 (0.79), A6000 (0.85), V100 (0.87), RTX 3090 Ti (0.85) and
@@ -168,6 +166,67 @@ def sustained_gemm_tflops(gpu: GpuSpec, *, peak_tflops: float | None = None) -> 
     return rate
 
 
+CAPPED_FP32_SHARE: dict[str, float] = {"ampere-ga10x": 4.92 / 8.0, "ada": 10.66 / 30.3}
+"""Share of its fp32 peak a card at a cap of at most :data:`POWER_CAPPED_W` reaches in an
+fp32 8192² ``torch.mm``, per architecture, measured (zzc0721/torch-performance-test-data): the
+RTX A2000 12GB 4.92 of its 8.0 at 70 W (issue #72, the card :data:`TFLOPS_PER_W` takes for
+GA10x) and the L4 10.66 of its 30.3 at 72 W (#120), against 0.62-0.75 for the uncapped GA10x
+and Ada parts: the cap binds fp32 products too. A capped part of another architecture (the
+70 W T4) takes their median."""
+
+
+def fp32_gemm_share(gpu: GpuSpec) -> float:
+    """Share of its fp32 peak ``gpu``'s fp32 matrix products sustain when it has no fp32
+    measurement of its own. A card at or below :data:`POWER_CAPPED_W`: its architecture's
+    capped share (:data:`CAPPED_FP32_SHARE`). Any other: the median of the measured shares
+    (``measured_fp32_gemm_tflops`` over ``fp32_tflops``) of the uncapped parts of its
+    architecture in its segment, else of its architecture, else of its segment."""
+    if gpu.tdp_w <= POWER_CAPPED_W:
+        return CAPPED_FP32_SHARE.get(
+            gpu.architecture, statistics.median(CAPPED_FP32_SHARE.values())
+        )
+    return _fp32_share(gpu.architecture, gpu.segment)
+
+
+@functools.cache
+def _fp32_share(architecture: str, segment: Segment) -> float:
+    measured = [
+        g
+        for g in CATALOGUE.values()
+        if g.measured_fp32_gemm_tflops is not None
+        and g.fp32_tflops is not None
+        and g.tdp_w > POWER_CAPPED_W
+    ]
+    for keep in (
+        lambda g: g.architecture == architecture and g.segment == segment,
+        lambda g: g.architecture == architecture,
+        lambda g: g.segment == segment,
+        lambda g: True,
+    ):
+        shares = [
+            g.measured_fp32_gemm_tflops / g.fp32_tflops  # type: ignore[operator]
+            for g in measured
+            if keep(g)
+        ]
+        if shares:
+            return statistics.median(shares)
+    raise AssertionError("the catalogue has no fp32 measurement")
+
+
+def sustained_fp32_gemm_tflops(gpu: GpuSpec, *, fp32_peak_tflops: float) -> float:
+    """TFLOP/s ``gpu`` sustains in fp32 training's matrix products (PyTorch keeps TF32 off).
+
+    Not the 16-bit rate scaled to the fp32 peak: the fp32 pipeline is another unit with
+    another power draw. A GA100 reaches 0.9 of its fp32 peak and 0.74 of its tensor one; an
+    RTX 4090 0.65 of its fp32 peak and 1.04 of its tensor one.
+    Its own measurement (``measured_fp32_gemm_tflops``), else :func:`fp32_gemm_share` of its
+    fp32 peak. ``fp32_peak_tflops``: the fp32 peak the job runs at (a spec's override of the
+    16-bit peak scales it, :func:`scheduler.hardware.precision.peak_tflops`)."""
+    if gpu.measured_fp32_gemm_tflops is not None and gpu.fp32_tflops is not None:
+        return gpu.measured_fp32_gemm_tflops * fp32_peak_tflops / gpu.fp32_tflops
+    return fp32_peak_tflops * fp32_gemm_share(gpu)
+
+
 def sustained_bandwidth_gbps(gpu: GpuSpec) -> float:
     """GB/s ``gpu``'s streaming kernels reach (module docstring)."""
     if gpu.measured_bandwidth_gbps is not None:
@@ -185,12 +244,21 @@ class Rates:
 
     @classmethod
     def of(
-        cls, gpu: GpuSpec, *, peak_tflops: float | None = None, flops_share: float | None = None
+        cls,
+        gpu: GpuSpec,
+        *,
+        peak_tflops: float | None = None,
+        flops_share: float | None = None,
+        fp32: bool = False,
     ) -> Rates:
         """``gpu``'s sustained rates; ``peak_tflops`` (a spec override) scales them, and
         ``flops_share`` (``--efficiency``) replaces the sustained GEMM rate by that share of
-        the peak."""
-        if flops_share is None:
+        the peak. ``fp32``: the products run in fp32 and ``peak_tflops`` is the fp32 peak
+        (:func:`sustained_fp32_gemm_tflops`)."""
+        if flops_share is None and fp32:
+            assert peak_tflops is not None, "an fp32 rate needs the fp32 peak"
+            tflops = sustained_fp32_gemm_tflops(gpu, fp32_peak_tflops=peak_tflops)
+        elif flops_share is None:
             tflops = sustained_gemm_tflops(gpu, peak_tflops=peak_tflops)
         else:
             tflops = (gpu.peak_tflops if peak_tflops is None else peak_tflops) * flops_share

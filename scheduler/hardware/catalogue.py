@@ -41,6 +41,11 @@ Where the catalogue's measured GEMM rates come from, and the rule for the second
   the B200 and 0.84 on the GH200. A part only the README's older "v1" table measures (the
   MI250X, one GCD) takes its ratio to that table's own H100 SXM figure.
 
+fp32 rates (``measured_fp32_gemm_tflops``, what fp32 training's products run at with TF32 off,
+PyTorch's default) come from :data:`TPTD` alone, by the same rule: the FP32 figure at 8192² of
+the same per-size block. Mu Li's notebook's fp32 matmul ran with TF32 on (NGC's containers
+enable it: its A100 reads 116 TFLOP/s against an fp32 peak of 19.5), so it is not used.
+
 A board or module the driver shows as several devices (the K80, the A16, the MI250X) is
 listed per device, with its share of the board's figures (``gpus_per_board``): a cluster
 spec counts devices as ``nvidia-smi``, ``rocm-smi`` and Ray do.
@@ -117,6 +122,10 @@ class GpuSpec:
     measured_bandwidth_gbps: float | None = None
     """A published streaming-kernel bandwidth (``measured_source``), when there is one."""
     measured_source: str = ""
+    measured_fp32_gemm_tflops: float | None = None
+    """A published large fp32 GEMM rate, TF32 off (``measured_fp32_source``): what fp32
+    training's products run at, which the 16-bit rate does not tell (module docstring)."""
+    measured_fp32_source: str = ""
     gpus_per_board: int = 1
     """Devices the driver shows for one board or module (the K80's two GPUs, the A16's four,
     the MI250X's two GCDs): the entry is one of them, as a cluster has them."""
@@ -192,10 +201,10 @@ def _mamf_source(row: str, *, h100: float = MAMF_H100_SXM, table: str = "") -> s
     )
 
 
-def _tptd(runs: str) -> str:
+def _tptd(runs: str, *, dtype: str = "fp16") -> str:
     """The citation of a rate taken from :data:`TPTD` by the rule in the module docstring."""
     return (
-        "zzc0721/torch-performance-test-data, test.py (torch.mm, fp16, 8192²), per-size "
+        f"zzc0721/torch-performance-test-data, test.py (torch.mm, {dtype}, 8192²), per-size "
         f"figures of {runs}: {TPTD}/issues"
     )
 
@@ -268,6 +277,10 @@ _GPUS = [
             # DRAM figure and none is taken.
             measured_gemm_tflops=H100_SXM_TFLOPS,
             measured_source=MLI_H100,
+            measured_fp32_gemm_tflops=51.81,
+            measured_fp32_source=_tptd(
+                "#79 (NVIDIA H100 80GB HBM3, PyTorch 2.7, 2025-10-18)", dtype="fp32"
+            ),
         )
     ),
     # The H100 SXM5's GH100 at the same clocks and 700 W with more and faster HBM: its matrix
@@ -282,6 +295,8 @@ _GPUS = [
         source="NVIDIA H200 datasheet (2024)",
         url="https://www.nvidia.com/en-us/data-center/h200/",
         measured_source=MLI_H100 + " (the H100 SXM5's chip, clocks and power)",
+        measured_fp32_source=h100.measured_fp32_source
+        + " (the H100 SXM5's chip, clocks and power)",
     ),
     GpuSpec(
         key="H100NVL-94GB",
@@ -312,6 +327,8 @@ _GPUS = [
         architecture="hopper",
         measured_gemm_tflops=437.07,
         measured_source=_tptd("#95 (NVIDIA H100 PCIe, PyTorch 2.9, 2025-12-14)"),
+        measured_fp32_gemm_tflops=36.95,
+        measured_fp32_source=_tptd("#95 (NVIDIA H100 PCIe, PyTorch 2.9, 2025-12-14)", dtype="fp32"),
     ),
     GpuSpec(
         key="H20-96GB",
@@ -329,6 +346,8 @@ _GPUS = [
         architecture="hopper",
         measured_gemm_tflops=138.52,
         measured_source=_tptd("#77 (NVIDIA H20, PyTorch 2.7, 2025-10-17)"),
+        measured_fp32_gemm_tflops=31.99,
+        measured_fp32_source=_tptd("#77 (NVIDIA H20, PyTorch 2.7, 2025-10-17)", dtype="fp32"),
     ),
     (
         a100 := GpuSpec(
@@ -392,6 +411,10 @@ _GPUS = [
         measured_gemm_tflops=220.0,
         measured_bandwidth_gbps=1232.0,
         measured_source=A100_PCIE_MEASURED,
+        measured_fp32_gemm_tflops=17.56,
+        measured_fp32_source=_tptd(
+            "#108 (NVIDIA A100-PCIE-40GB, PyTorch 2.8, 2026-01-05)", dtype="fp32"
+        ),
     ),
     GpuSpec(
         key="A30-24GB",
@@ -450,6 +473,8 @@ _GPUS = [
         architecture="ampere-ga10x",
         measured_gemm_tflops=108.47,
         measured_source=_tptd("#185 (NVIDIA A40, PyTorch 2.11, 2026-07-22)"),
+        measured_fp32_gemm_tflops=23.73,
+        measured_fp32_source=_tptd("#185 (NVIDIA A40, PyTorch 2.11, 2026-07-22)", dtype="fp32"),
     ),
     GpuSpec(
         key="A10G-24GB",
@@ -466,6 +491,8 @@ _GPUS = [
         architecture="ampere-ga10x",
         measured_gemm_tflops=65.67,
         measured_source=_tptd("#126 (NVIDIA A10G, PyTorch 2.7, 2026-01-20)"),
+        measured_fp32_gemm_tflops=23.23,
+        measured_fp32_source=_tptd("#126 (NVIDIA A10G, PyTorch 2.7, 2026-01-20)", dtype="fp32"),
     ),
     GpuSpec(
         key="A10-24GB",
@@ -499,6 +526,8 @@ _GPUS = [
             "#120 (NVIDIA L4, PyTorch 2.9, 2026-01-12; 68.83 at 2048², the "
             "summary's figure, is a burst under the 72 W cap)"
         ),
+        measured_fp32_gemm_tflops=10.66,
+        measured_fp32_source=_tptd("#120 (NVIDIA L4, PyTorch 2.9, 2026-01-12)", dtype="fp32"),
     ),
     GpuSpec(
         key="A2-16GB",
@@ -593,6 +622,8 @@ _GPUS = [
         architecture="ampere-ga10x",
         measured_gemm_tflops=60.89,
         measured_source=_tptd("#97 (NVIDIA RTX A4000, PyTorch 2.8, 2025-12-18)"),
+        measured_fp32_gemm_tflops=11.90,
+        measured_fp32_source=_tptd("#97 (NVIDIA RTX A4000, PyTorch 2.8, 2025-12-18)", dtype="fp32"),
     ),
     (
         v100 := GpuSpec(
@@ -611,6 +642,12 @@ _GPUS = [
             measured_gemm_tflops=95.0,
             measured_bandwidth_gbps=784.0,
             measured_source=MLI,
+            measured_fp32_gemm_tflops=14.38,
+            measured_fp32_source=_tptd(
+                "#140 (Tesla V100-SXM2-16GB, PyTorch 2.7, 2026-02-14; the 32 GB SXM2 is its chip, "
+                "clocks and 300 W)",
+                dtype="fp32",
+            ),
         )
     ),
     replace(v100, key="V100-16GB", name="NVIDIA V100 SXM2 16GB", memory_gb=16),
@@ -669,6 +706,12 @@ _GPUS = [
             "four contributors, the median: PR #15 224.41, #124 223.98, "
             "#96 233.99, #200 172.79 (PyTorch 2.7-2.8)"
         ),
+        measured_fp32_gemm_tflops=66.13,
+        measured_fp32_source=_tptd(
+            "four contributors, the median: PR #15 66.34, #124 66.91, #96 65.92, "
+            "#200 56.06 (PyTorch 2.7-2.8)",
+            dtype="fp32",
+        ),
         fp16_accumulate_tflops=419.0,
     ),
     GpuSpec(
@@ -688,6 +731,12 @@ _GPUS = [
         measured_gemm_tflops=172.0,
         measured_bandwidth_gbps=936.0,
         measured_source=MLI,
+        measured_fp32_gemm_tflops=53.41,
+        measured_fp32_source=_tptd(
+            "#78 (NVIDIA GeForce RTX 4090, PyTorch 2.7, 2025-10-17; #41 and #50 give "
+            "only the summary)",
+            dtype="fp32",
+        ),
     ),
     GpuSpec(
         key="RTX3090TI-24GB",
@@ -744,6 +793,10 @@ _GPUS = [
         measured_source=_tptd(
             "#181 (GeForce RTX 2080 Ti, PyTorch 2.7.1, 2026-06-27; not #115's 22 GB modified board)"
         ),
+        measured_fp32_gemm_tflops=11.52,
+        measured_fp32_source=_tptd(
+            "#181 (GeForce RTX 2080 Ti, PyTorch 2.7.1, 2026-06-27)", dtype="fp32"
+        ),
         fp16_accumulate_tflops=107.6,
     ),
     GpuSpec(
@@ -763,6 +816,10 @@ _GPUS = [
         architecture="pascal",
         measured_gemm_tflops=7.29,
         measured_source=_tptd("#180 (Tesla P100-SXM2-16GB, PyTorch 2.7, 2026-06-08)"),
+        measured_fp32_gemm_tflops=9.50,
+        measured_fp32_source=_tptd(
+            "#180 (Tesla P100-SXM2-16GB, PyTorch 2.7, 2026-06-08)", dtype="fp32"
+        ),
     ),
     GpuSpec(
         key="P100PCIE-12GB",
@@ -784,6 +841,12 @@ _GPUS = [
             "the P100-PCIE-16GB (same GP100, clocks and 250 W; a fourth "
             "HBM2 stack): the median of two contributors' first runs, #164 7.20 and #174 7.72 "
             "(PyTorch 2.7; #175-#177 repeat #174's)"
+        ),
+        measured_fp32_gemm_tflops=8.38,
+        measured_fp32_source=_tptd(
+            "the P100-PCIE-16GB (same GP100, clocks and 250 W): the median of two "
+            "contributors' first runs, #164 8.12 and #174 8.63 (PyTorch 2.7)",
+            dtype="fp32",
         ),
     ),
     GpuSpec(
@@ -838,14 +901,14 @@ _GPUS = [
         key="MI250X-64GB",
         name="AMD Instinct MI250X (one of the module's two GCDs)",
         peak_tflops=191.5,
-        fp32_tflops=23.95,
+        fp32_tflops=47.85,
         memory_gb=64,
         bandwidth_gbps=1638.4,
         tdp_w=280,
         interconnect="AMD Infinity Fabric, 8 links, 800 GB/s, and PCIe 4.0 x16 for the "
         "module of two",
         source="AMD Instinct MI250X datasheet (2021), per GCD (module: 383 fp16/bf16 matrix, "
-        "47.9 fp32 vector, 128 GB HBM2e at 3.2768 TB/s, 560 W); ROCm and PyTorch show each GCD "
+        "95.7 fp32 matrix, 128 GB HBM2e at 3.2768 TB/s, 560 W); ROCm and PyTorch show each GCD "
         "as its own device",
         url="https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html",
         segment="datacenter",
@@ -862,15 +925,22 @@ _GPUS = [
         key="MI210-64GB",
         name="AMD Instinct MI210",
         peak_tflops=181.0,
-        fp32_tflops=22.6,
+        fp32_tflops=45.3,
         memory_gb=64,
         bandwidth_gbps=1638,
         tdp_w=300,
         interconnect="AMD Infinity Fabric bridge, 3 links, 300 GB/s; PCIe 4.0 x16",
-        source="AMD Instinct MI210 datasheet (2022): fp16/bf16 matrix 181, fp32 vector 22.6",
+        source="AMD Instinct MI210 datasheet (2022): fp16/bf16 matrix 181; fp32 matrix 45.3 (its "
+        "fp32 products run on the matrix cores; fp32 vector 22.6)",
         url="https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html",
         segment="datacenter",
         architecture="cdna2",
+        measured_gemm_tflops=120.18,
+        measured_source=_tptd("#195 (AMD Instinct MI210, PyTorch 2.13 on ROCm 7.2, 2026-08-07)"),
+        measured_fp32_gemm_tflops=33.02,
+        measured_fp32_source=_tptd(
+            "#195 (AMD Instinct MI210, PyTorch 2.13 on ROCm 7.2, 2026-08-07)", dtype="fp32"
+        ),
     ),
     GpuSpec(
         key="GAUDI2-96GB",

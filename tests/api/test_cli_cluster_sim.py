@@ -282,7 +282,7 @@ def test_bound_also_answers_whether_the_tail_must_pay_for_the_average(
         "  - {name: r, devices: [{type: RTX2080TI-11GB, count: 4}]}\n"
     )
     csv = tmp_path / "t.csv"
-    csv.write_text(trace_to_csv(short_trace(10, seed=18)))
+    csv.write_text(trace_to_csv(short_trace(10, seed=1)))
     args = ("cluster-sim", "--cluster", str(spec), "--trace", str(csv), "--bound")
     code, out, _ = run_cli(capsys, *args, "--json")
     assert code == 0

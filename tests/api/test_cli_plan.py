@@ -36,6 +36,10 @@ def test_gpus_table_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> N
     assert "53.8*" in l4
     (nvl,) = [row.split() for row in out.splitlines() if row.startswith("H100NVL-94GB ")]
     assert "488" in nvl  # scaled from the measured H100 PCIe by its power, not 0.75 of 835
+    # fp32, the default precision: an RTX 4090 runs fp32 products at its own measured 53.4,
+    # not its 16-bit rate's share of its fp32 peak (86)
+    (rtx4090,) = [row.split() for row in out.splitlines() if row.startswith("RTX4090-24GB ")]
+    assert "172*" in rtx4090 and "53.4*" in rtx4090
 
 
 def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,6 +53,8 @@ def test_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "transformers-benchmarks" in h100["measured_source"]
     l4 = next(g for g in gpus if g["key"] == "L4-24GB")
     assert l4["sustained_tflops"] < l4["peak_tflops"] / 2  # its 72 W cap binds
+    assert l4["sustained_fp32_tflops"] == l4["measured_fp32_gemm_tflops"] == 10.66
+    assert "torch-performance-test-data" in l4["measured_fp32_source"]
 
 
 def test_the_plan_header_says_what_it_was_priced_in(
