@@ -132,6 +132,20 @@ What the tables show (issue 20), and which effect each large error misses:
   fp16 rate; PyTorch's fp16 GEMMs accumulate in fp32, which a part without tensor cores
   runs at its fp32 rate, so the catalogue gives the P100 that rate, and now the 16 GB PCIe
   card's measured 7.46 (-36 to -6 %).
+- **zorse-fp32** (the same profiles' fp32 entries, no autocast: the GPT blocks and
+  DeepspeedBert's Hugging Face BERT layers at 512, BERT-xlarge also at 1024; ten GPU types, 53
+  cases): the speed model's fp32 path, fp32 being hetsched's default precision. It ran fp32
+  products at the 16-bit rate's share of the fp32 peak: median 17 %, worst 66 %, 14 cases over
+  25 % (the L4 +32 and +66 % and the L40S +28 to +40 % at their tensor rates' share; the 70 W
+  T4 -33 to -39 % at its tensor cores' capped 0.37; the V100 -28 and -33 %). With each part's
+  own fp32 GEMM measurement (torch-performance-test-data's FP32 8192², the catalogue's rule)
+  or its architecture's measured share of the fp32 peak
+  (:func:`~scheduler.cost.roofline.sustained_fp32_gemm_tflops`): median 13 %, worst 33 %,
+  8 cases over 25 % (a strict xfail). Left: the P40 (+22 to +30 %; no fp32 figure of it, so
+  it takes the HBM P100s' 0.9 of peak), the L40S (+12 to +24 %; the GeForce RTX 4090's 0.65,
+  where its summary-only figure, 46.9 at most over sizes, is 0.51), the T4 (-18 to -28 %; the
+  capped cards' median share, 0.48, from the L4 and the RTX A2000), the V100 (-11 to -24 %),
+  the L4's GPT-6.7b block (+33 %) and the P100's BERT-xlarge layer at 512 (+29 %).
 - every pair of a group: median 13 %, worst 331 % (zorse's T4 GPT-6.7b entry in the five
   worst pairs, its P40 / T4 pair at Llama-tiny 512 in the sixth); against the A100:
   median 10 %, worst 44 %.
@@ -154,6 +168,7 @@ from typing import Literal
 
 import pytest
 
+from scheduler.cost.precision import rates_at
 from scheduler.cost.roofline import (
     BYTES_16BIT,
     Rates,
@@ -205,6 +220,8 @@ class Workload:
 
     kind: Literal["matmul", "block", "step", "marginal"]
     model: ModelPreset | None = None
+    precision: Literal["16-bit", "fp32"] = "16-bit"
+    """What the study computed in: 16-bit (pure fp16 or fp16 autocast) or fp32 with TF32 off."""
     attention_on: Callable[[GpuSpec], AttentionKernel] | None = None
     """The attention kernel the study's code picks on each GPU, where it picks per GPU."""
 
@@ -217,7 +234,7 @@ class Workload:
         model = self.model
         if self.attention_on is not None:
             model = replace(model, attention=self.attention_on(gpu))
-        rates = Rates.of(gpu)
+        rates = rates_at(gpu, "fp32") if self.precision == "fp32" else Rates.of(gpu)
         block = block_time(model, rates)
         if self.kind == "marginal":
             return 1 / block.per_sample_s
@@ -261,9 +278,10 @@ ZORSE_LAYERS: dict[str, tuple[int, int, int]] = {
 """Cephalo's and Zorse's layer shapes: d_model, heads, d_ff."""
 
 
-def _zorse(layer: str, seq_len: int) -> Workload:
+def _zorse(layer: str, seq_len: int, *, fp32: bool = False) -> Workload:
     """One of :data:`ZORSE_LAYERS`: the GPT blocks run eager attention and tanh GELU, the
-    Llama layers the attention :func:`_zorse_llama_attention` picks per GPU."""
+    Llama layers the attention :func:`_zorse_llama_attention` picks per GPU; ``fp32``: the
+    layer in fp32 (study "zorse-fp32")."""
     d_model, heads, d_ff = ZORSE_LAYERS[layer]
     gpt = layer.startswith("gpt")
     model = ModelPreset(
@@ -279,8 +297,17 @@ def _zorse(layer: str, seq_len: int) -> Workload:
         attention="math" if gpt else "flash",
     )
     return Workload(
-        kind="marginal", model=model, attention_on=None if gpt else _zorse_llama_attention
+        kind="marginal",
+        model=model,
+        attention_on=None if gpt else _zorse_llama_attention,
+        precision="fp32" if fp32 else "16-bit",
     )
+
+
+def _zorse_bert(name: str, seq_len: int, d_model: int) -> Workload:
+    """A DeepspeedBert layer of study "zorse-fp32" (Hugging Face's BertLayer) in fp32."""
+    model = _block(f"zorse-{name}", seq_len=seq_len, d_model=d_model)
+    return Workload(kind="marginal", model=model, precision="fp32")
 
 
 WORKLOADS = {
@@ -317,6 +344,21 @@ WORKLOADS = {
             ("llama-3b", (512, 1024)),
             ("llama-7b", (512, 1024, 2048)),
             ("llama-13b", (512, 1024, 2048)),
+        )
+        for seq in seqs
+    },
+    # zorse-fp32: the same profiles' fp32 entries, GPT blocks and BERT layers
+    **{
+        f"zorse-{layer}-512-fp32": _zorse(layer, 512, fp32=True)
+        for layer in ZORSE_LAYERS
+        if layer.startswith("gpt")
+    },
+    **{
+        f"zorse-{name}-{seq}-fp32": _zorse_bert(name, seq, d_model)
+        for name, d_model, seqs in (
+            ("bert-base", 768, (512,)),
+            ("bert-large", 1024, (512,)),
+            ("bert-xlarge", 1536, (512, 1024)),
         )
         for seq in seqs
     },
@@ -484,7 +526,7 @@ def _print_unexplained(rows: list[Row]) -> None:
     print("\nnotebook blocks: time per sample beyond the dense products, as MB at its bandwidth:")
     for workload, members in _groups([r for r in rows if r.study in NOTEBOOK_STUDIES]).items():
         cells = ", ".join(f"{r.gpu} {unexplained_traffic_bytes(r) / 1e6:.0f}" for r in members)
-        print(f"  {workload[0]:<8}{workload[1]:<24}{cells}")
+        print(f"  {workload[0]:<11}{workload[1]:<27}{cells}")
 
 
 def _print_absolute(rows: list[Row]) -> None:
@@ -492,7 +534,7 @@ def _print_absolute(rows: list[Row]) -> None:
     for workload, members in _groups([r for r in rows if r.study in NOTEBOOK_STUDIES]).items():
         ratios = [(r.gpu, mli_seconds_per_sample(r) * r.predicted()) for r in members]
         cells = ", ".join(f"{gpu} {ratio:.2f}" for gpu, ratio in ratios)
-        print(f"  {workload[0]:<8}{workload[1]:<24}{cells}")
+        print(f"  {workload[0]:<11}{workload[1]:<27}{cells}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -536,11 +578,11 @@ def _summary(errors: list[float]) -> str:
 
 def _print_cases(title: str, cases: list[Case]) -> None:
     print(f"\n{title}")
-    print(f"{'study':<8}{'workload':<24}{'gpu':<17}{'measured':>9}{'analytic':>10}{'error':>8}")
+    print(f"{'study':<11}{'workload':<27}{'gpu':<17}{'measured':>9}{'analytic':>10}{'error':>8}")
     for c in cases:
         r = c.row
         print(
-            f"{r.study:<8}{r.workload:<24}{r.gpu:<17}{c.measured_rel:>9.2f}"
+            f"{r.study:<11}{r.workload:<27}{r.gpu:<17}{c.measured_rel:>9.2f}"
             f"{c.predicted_rel:>10.2f}{c.error:>+8.0%}"
         )
     print(_summary([abs(c.error) for c in cases]))
@@ -551,7 +593,7 @@ def _print_pairs(title: str, pairs: list[tuple[Row, Row, float]], worst: int = 6
     for x, y, error in sorted(pairs, key=lambda p: -p[2])[:worst]:
         measured, predicted = x.measured / y.measured, x.predicted() / y.predicted()
         print(
-            f"  {x.study:<7}{x.workload:<24}{x.gpu + ' / ' + y.gpu:<34}"
+            f"  {x.study:<11}{x.workload:<27}{x.gpu + ' / ' + y.gpu:<34}"
             f"measured {measured:.2f} analytic {predicted:.2f} ({error:.0%})"
         )
 
@@ -610,6 +652,13 @@ STUDIES = [
         "one (+177 %), the 400 W H100 NVL runs at about 0.8x the model's rate (+22 to +29 %), "
         "and the L4 runs the eager GPT blocks slower than its measured GEMM rate gives "
         "(+21 %, +32 %): no public figure of what slows them was found (module docstring)",
+    ),
+    _known_miss(
+        "zorse-fp32",
+        "the same profiles' fp32 layers (median 13 %, worst 33 %, 8 over 25 %): no fp32 "
+        "GEMM figure of the P40 (+22 to +30 %, at the HBM P100s' share of peak), the L40S "
+        "(+12 to +24 %, at the RTX 4090's) or the 70 W T4 (-18 to -28 %, at the capped L4's "
+        "and A2000's) by the catalogue's rule (module docstring)",
     ),
     _known_miss(
         "mli",
