@@ -98,7 +98,9 @@ class GpuSpec:
     ``cublasGemmEx`` with ``CUDA_R_32F`` compute in aten/src/ATen/cuda/CUDABlas.cpp's
     ``gemm<at::Half>``, which a part without tensor cores runs at its fp32 rate)."""
     fp32_tflops: float | None
-    """Peak fp32 (non-tensor) TFLOP/s; None where the vendor's document gives none."""
+    """Peak TFLOP/s of fp32 matrix products with TF32 off: the fp32 (non-tensor) rate on
+    NVIDIA parts, the fp32 matrix rate on AMD CDNA parts, whose fp32 products run on the
+    matrix cores; None where the vendor's document gives none."""
     memory_gb: float
     """Device memory in GiB, as sold."""
     bandwidth_gbps: float
