@@ -190,27 +190,25 @@ def fp32_gemm_share(gpu: GpuSpec) -> float:
 
 @functools.cache
 def _fp32_share(architecture: str, segment: Segment) -> float:
-    measured = [
-        g
+    # one share per measurement: a memory variant that carries its part's (the H200 the
+    # H100 SXM's, the V100 16 GB the 32 GB's) does not count twice
+    measured = {
+        (g.architecture, g.segment, g.measured_fp32_gemm_tflops, g.fp32_tflops)
         for g in CATALOGUE.values()
         if g.measured_fp32_gemm_tflops is not None
         and g.fp32_tflops is not None
         and g.tdp_w > POWER_CAPPED_W
-    ]
-    for keep in (
-        lambda g: g.architecture == architecture and g.segment == segment,
-        lambda g: g.architecture == architecture,
-        lambda g: g.segment == segment,
-        lambda g: True,
-    ):
+    }
+    for same_architecture, same_segment in ((True, True), (True, False), (False, True)):
         shares = [
-            g.measured_fp32_gemm_tflops / g.fp32_tflops  # type: ignore[operator]
-            for g in measured
-            if keep(g)
+            tflops / peak
+            for arch, seg, tflops, peak in measured
+            if (arch == architecture or not same_architecture)
+            and (seg == segment or not same_segment)
         ]
         if shares:
             return statistics.median(shares)
-    raise AssertionError("the catalogue has no fp32 measurement")
+    return statistics.median(tflops / peak for *_, tflops, peak in measured)
 
 
 def sustained_fp32_gemm_tflops(gpu: GpuSpec, *, fp32_peak_tflops: float) -> float:
